@@ -1,0 +1,31 @@
+# draftpipe: verifier + prompt set -> EAGLE-3 draft that vLLM loads.
+#   snakemake results/draft/model.safetensors --cores all
+import sys
+
+sys.path.insert(0, workflow.basedir)
+
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+validate(config, "draftpipe/config.schema.yaml")
+
+
+include: "rules/common.smk"
+include: "rules/verifier.smk"
+include: "rules/prompts.smk"
+include: "rules/completions.smk"
+include: "rules/hidden_states.smk"
+include: "rules/vocab.smk"
+include: "rules/draft.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        "results/draft/model.safetensors",
+        "results/draft/config.json",

@@ -1,0 +1,77 @@
+"""Checks of config.yaml that need more than its JSON schema, run when the Snakefile is parsed (before any job).
+
+The schema (``draftpipe/config.schema.yaml``) catches wrong keys and types; :func:`check_config` catches values
+that only make sense against the verifier and the file system: missing prompt sources, a verifier that does not
+exist, aux layer ids outside the verifier's depth, a draft vocabulary larger than the verifier's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from draftpipe.hidden_states import resolve_aux_layer_ids
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message names the key (``section.key``)."""
+
+
+def gguf_shape(path: str) -> dict:
+    """Read ``block_count`` and the vocabulary size from a GGUF header (``gguf.GGUFReader``, no weights loaded)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    fld = reader.fields[f"{arch}.block_count"]
+    num_layers = int(fld.parts[fld.data[0]][0])
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    return {"num_hidden_layers": num_layers, "vocab_size": len(tokens.data)}
+
+
+def verifier_shape(resolved: dict) -> dict:
+    """``num_hidden_layers`` and ``vocab_size`` of a resolved verifier (see ``verifier.resolve_verifier``)."""
+    if resolved["kind"] == "gguf":
+        return gguf_shape(resolved["path"])
+    cfg_path = resolved.get("config_path") or str(Path(resolved["path"]) / "config.json")
+    cfg = json.loads(Path(cfg_path).read_text())
+    cfg = cfg.get("text_config", cfg)
+    return {"num_hidden_layers": int(cfg["num_hidden_layers"]), "vocab_size": int(cfg["vocab_size"])}
+
+
+def verifier_identity(resolved: dict, config: dict) -> dict:
+    """What identifies the verifier's weights, for ``params:`` (a change reruns everything the verifier shapes).
+
+    GGUF: the file's SHA-256 and the conversion settings; local directory: its path (its ``config.json`` is also an
+    input file); hub id: id and revision.
+    """
+    v = config["verifier"]
+    if resolved["kind"] == "gguf":
+        h = hashlib.sha256(Path(resolved["path"]).read_bytes()).hexdigest()
+        return {"gguf_sha256": h, "head_dim": v.get("gguf_head_dim"),
+                "max_position_embeddings": v.get("gguf_max_position_embeddings")}
+    if resolved["kind"] == "local":
+        return {"path": str(resolved["path"])}
+    return {"hub_id": resolved["id"], "revision": v.get("revision")}
+
+
+def check_config(config: dict, resolved: dict) -> dict[str, Any]:
+    """Check values against the verifier and the file system; return derived values (aux ids, shape).
+
+    Raises:
+        ConfigError: naming the key of the first wrong value.
+    """
+    for i, src in enumerate(config["prompts"]["sources"]):
+        if not Path(src["path"]).is_file():
+            raise ConfigError(f"prompts.sources[{i}].path: {src['path']} does not exist")
+    shape = verifier_shape(resolved)
+    try:
+        aux = resolve_aux_layer_ids(config["hidden_states"].get("aux_layer_ids"), shape["num_hidden_layers"])
+    except ValueError as exc:
+        raise ConfigError(f"hidden_states.aux_layer_ids: {exc}") from exc
+    vd = config["vocab"].get("draft_vocab_size") or shape["vocab_size"]
+    if vd > shape["vocab_size"]:
+        raise ConfigError(f"vocab.draft_vocab_size: {vd} exceeds the verifier's vocabulary of {shape['vocab_size']}")
+    return {"aux_layer_ids": aux, "draft_vocab_size": vd, **shape}

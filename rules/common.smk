@@ -1,0 +1,39 @@
+# Validation, verifier lookup, shard ids and input functions shared by every stage.
+from draftpipe.config import ConfigError, check_config, verifier_identity
+from draftpipe.verifier import VerifierNotFoundError, resolve_verifier
+
+try:
+    VERIFIER = resolve_verifier(config["verifier"]["path"], field="verifier.path")
+    DERIVED = check_config(config, VERIFIER)
+except (ConfigError, VerifierNotFoundError) as exc:
+    raise WorkflowError(f"config error: {exc}")
+
+# Where the rules read the verifier from: the converted directory for a GGUF, else the user's dir or hub id.
+if VERIFIER["kind"] == "gguf":
+    VERIFIER_DIR = "results/verifier"
+elif VERIFIER["kind"] == "local":
+    VERIFIER_DIR = str(VERIFIER["path"])
+else:
+    VERIFIER_DIR = VERIFIER["id"]
+VERIFIER_ID = verifier_identity(VERIFIER, config)
+
+SHARDS = [f"{i:05d}" for i in range(config["prompts"]["num_shards"])]
+
+
+wildcard_constraints:
+    shard=r"\d{5}",
+
+
+def verifier_files(wildcards=None):
+    """The verifier's config.json as an input file (empty for a hub id, tracked through params instead)."""
+    if VERIFIER["kind"] == "hub":
+        return []
+    return [f"{VERIFIER_DIR}/config.json"]
+
+
+def hidden_shards(wildcards=None):
+    return expand("results/hidden_states/train_{shard}.safetensors", shard=SHARDS)
+
+
+def completion_shards(wildcards=None):
+    return expand("results/completions/train_{shard}.jsonl", shard=SHARDS)

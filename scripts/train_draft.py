@@ -1,0 +1,27 @@
+"""Rule `draft`: train the EAGLE-3 draft with speculators and export it in the format vLLM loads."""
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
+
+from draftpipe.draft import export_draft, metrics_frame, settings_from_params, train_draft
+from draftpipe.io import atomic_path
+from draftpipe.runtime import limit_threads, redirect_output
+
+redirect_output(snakemake.log[0])
+limit_threads(snakemake.threads)
+p = snakemake.params
+settings = settings_from_params(dict(p.draft))
+# Training state is keyed by everything that shapes it, so a rerun after a crash resumes, and a changed
+# knob or input starts afresh.
+key = json.dumps({"params": dict(p.draft), "aux": list(p.aux_layer_ids), "verifier": p.verifier_id,
+                  "inputs": [(f, Path(f).stat().st_size, Path(f).stat().st_mtime_ns) for f in snakemake.input.shards]
+                  + [(snakemake.input.vocab, Path(snakemake.input.vocab).stat().st_mtime_ns)]}, sort_keys=True)
+work = Path(snakemake.output.model).parent / ".train" / hashlib.sha256(key.encode()).hexdigest()[:16]
+checkpoint, rows = train_draft(p.verifier, list(snakemake.input.shards), snakemake.input.vocab, str(work), settings)
+with atomic_path(snakemake.output.metrics) as tmp:
+    metrics_frame(rows).to_csv(tmp, index=False)
+export_draft(checkpoint, snakemake.output.model, snakemake.output.config, list(p.aux_layer_ids), str(Path(p.verifier).resolve()) if Path(p.verifier).exists() else p.verifier)
+print(metrics_frame(rows).to_string())

@@ -1,0 +1,35 @@
+"""Rule `vocab_maps`: loss-masked token frequencies -> d2t / t2d (none when the draft vocab is the verifier's)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
+
+import torch
+from transformers import AutoTokenizer
+
+from draftpipe.io import atomic_path, read_jsonl
+from draftpipe.runtime import redirect_output
+from draftpipe.vocab import build_maps, check_maps, count_tokens, frequency_table, write_maps
+
+redirect_output(snakemake.log[0])
+p = snakemake.params
+
+
+def samples():
+    for path in snakemake.input.completions:
+        for row in read_jsonl(path):
+            ids = (list(row["prompt_token_ids"]) + list(row["completion_token_ids"]))[: p.max_len]
+            mask = ([0] * len(row["prompt_token_ids"]) + [1] * len(row["completion_token_ids"]))[: p.max_len]
+            yield {"input_ids": torch.tensor(ids, dtype=torch.long), "loss_mask": torch.tensor(mask)}
+
+
+counts = count_tokens(samples(), p.vocab_size)
+d2t, t2d = build_maps(counts, p.draft_vocab_size)
+if d2t is not None:
+    check_maps(d2t, t2d, p.vocab_size)
+tokenizer = AutoTokenizer.from_pretrained(p.verifier)
+table = frequency_table(counts, t2d, tokenizer)
+with atomic_path(snakemake.output.freq) as tmp:
+    table.to_csv(tmp, index=False)
+write_maps(snakemake.output.maps, d2t, t2d, p.vocab_size, p.draft_vocab_size)
+print(f"{int(counts.sum())} loss-masked tokens, {int((counts > 0).sum())} distinct, draft vocab {p.draft_vocab_size}")

