@@ -22,6 +22,7 @@ include: "rules/completions.smk"
 include: "rules/hidden_states.smk"
 include: "rules/vocab.smk"
 include: "rules/draft.smk"
+include: "rules/report.smk"
 
 
 rule all:
@@ -29,3 +30,4 @@ rule all:
     input:
         "results/draft/model.safetensors",
         "results/draft/config.json",
+        "results/report/compat.json",

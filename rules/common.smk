@@ -1,4 +1,6 @@
 # Validation, verifier lookup, shard ids and input functions shared by every stage.
+import json
+
 from draftpipe.config import ConfigError, check_config, verifier_identity
 from draftpipe.verifier import VerifierNotFoundError, resolve_verifier
 
@@ -15,7 +17,23 @@ elif VERIFIER["kind"] == "local":
     VERIFIER_DIR = str(VERIFIER["path"])
 else:
     VERIFIER_DIR = VERIFIER["id"]
-VERIFIER_ID = verifier_identity(VERIFIER, config)
+
+
+def canon(obj):
+    """A knob for `params:` in canonical form (dict keys sorted): Snakemake compares params by their text, so
+    the order of keys in config.yaml must not look like a change."""
+    return json.loads(json.dumps(obj, sort_keys=True))
+
+
+VERIFIER_ID = canon(verifier_identity(VERIFIER, config))
+
+# The live vLLM check of the compatibility report: on by default where vLLM is installed.
+_live = config["report"]["live_check"]
+if _live == "auto":
+    import importlib.util
+
+    _live = importlib.util.find_spec("vllm") is not None
+LIVE_CHECK = bool(_live)
 
 SHARDS = [f"{i:05d}" for i in range(config["prompts"]["num_shards"])]
 

@@ -8,7 +8,7 @@ rule completions:
     params:
         verifier=VERIFIER_DIR,
         verifier_id=VERIFIER_ID,
-        sampling=config["completions"],
+        sampling=canon(config["completions"]),
         max_model_len=config["verifier"]["max_model_len"],
         dtype=config["verifier"]["dtype"],
     log:

@@ -12,7 +12,7 @@ rule draft:
         verifier=VERIFIER_DIR,
         verifier_id=VERIFIER_ID,
         aux_layer_ids=DERIVED["aux_layer_ids"],
-        draft=config["draft"],
+        draft=canon(config["draft"]),
     log:
         "results/logs/draft.log",
     benchmark:

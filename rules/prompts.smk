@@ -7,7 +7,7 @@ rule prompt_set:
         eval="results/prompts/eval.jsonl",
         stats="results/prompts/stats.json",
     params:
-        sources=config["prompts"]["sources"],
+        sources=canon(config["prompts"]["sources"]),
         eval_fraction=config["prompts"]["eval_fraction"],
         split_seed=config["prompts"]["split_seed"],
         num_shards=config["prompts"]["num_shards"],

@@ -41,9 +41,9 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     return proc
 
 
-def planned_jobs(workdir: Path, *args: str) -> dict[str, int]:
-    """Job counts of a dry run, without the `all` target rule."""
-    out = snakemake(workdir, "-n", "-q", "rules", *args).stdout
+def planned_jobs(workdir: Path, *args: str, target: str = "results/draft/model.safetensors") -> dict[str, int]:
+    """Job counts of a dry run for `target`, without the `all` target rule."""
+    out = snakemake(workdir, target, *args, "-n", "-q", "rules").stdout
     if "Nothing to be done" in out:
         return {}
     table = out[out.index("Job stats:"):]
@@ -61,7 +61,7 @@ def variant(workdir: Path, name: str, change) -> str:
     cfg = yaml.safe_load((workdir / "config.yaml").read_text())
     change(cfg)
     path = workdir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path.write_text(yaml.safe_dump(cfg))  # keys sorted: key order must not count as a change
     return str(path)
 
 
@@ -146,7 +146,7 @@ def test_draft_speculates_in_vllm(built, tmp_path):
 
 
 def test_nothing_to_do_after_a_complete_run(built):
-    assert planned_jobs(built, "results/draft/model.safetensors") == {}
+    assert planned_jobs(built) == {}
 
 
 def test_draft_vocab_change_reruns_vocab_maps_and_draft_only(built):
@@ -201,3 +201,15 @@ def test_malformed_prompt_line_fails_with_file_and_line(tmp_path):
     log = (work / "results/logs/prompt_set.log").read_text()
     assert "bad.jsonl:2: malformed JSON line" in log
     assert not (work / "results/prompts/stats.json").exists()
+
+
+def test_compat_report_on_the_default_draft_is_clean(built):
+    snakemake(built, "results/report/compat.json")
+    report = json.loads((built / "results/report/compat.json").read_text())
+    assert report["ok"] and report["counts"]["error"] == 0 and report["counts"]["warning"] == 0
+    assert report["live"]["identical"] and report["live"]["num_accepted_tokens"] > 0
+    md = (built / "results/report/compat.md").read_text()
+    assert md.startswith("# EAGLE-3 compatibility report: PASS") and "## Live check in vLLM" in md
+    # the report is downstream of the draft only: a training knob reruns draft and report, nothing before
+    cfg = variant(built, "epochs_report", lambda c: c["draft"].update(epochs=5))
+    assert planned_jobs(built, "--configfile", cfg, target="results/report/compat.json") == {"draft": 1, "compat_report": 1}

@@ -1,0 +1,32 @@
+# Compatibility report: prove the draft fits vLLM's EAGLE-3 loader before anyone serves or benchmarks it.
+rule compat_report:
+    input:
+        model="results/draft/model.safetensors",
+        config="results/draft/config.json",
+        prompts="results/prompts/eval.jsonl",
+        verifier=verifier_files,
+    output:
+        json="results/report/compat.json",
+        md="results/report/compat.md",
+    params:
+        verifier=VERIFIER_DIR,
+        verifier_id=VERIFIER_ID,
+        expect=canon(
+            {
+                "head_dim": config["draft"].get("head_dim"),
+                "draft_vocab_size": DERIVED["draft_vocab_size"],
+                "aux_layer_ids": DERIVED["aux_layer_ids"],
+            }
+        ),
+        live=LIVE_CHECK,
+        live_prompts=config["report"]["live_prompts"],
+        live_max_tokens=config["report"]["live_max_tokens"],
+        max_model_len=config["verifier"]["max_model_len"],
+        dtype=config["verifier"]["dtype"],
+    log:
+        "results/logs/compat_report.log",
+    benchmark:
+        "results/benchmarks/compat_report.tsv"
+    threads: workflow.cores
+    script:
+        "../scripts/compat_report.py"

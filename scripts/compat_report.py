@@ -1,0 +1,36 @@
+"""Rule `compat_report`: static checks of the draft against vLLM's EAGLE-3 loader, plus a live vLLM check.
+Exits non-zero on any error finding, so nothing downstream runs on a broken draft."""
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
+
+    from draftpipe.compat import add_live_findings, check, live_check, render_markdown
+    from draftpipe.io import read_jsonl, write_json, write_text
+    from draftpipe.runtime import redirect_output
+
+    redirect_output(snakemake.log[0])
+    p = snakemake.params
+    draft_dir = str(Path(snakemake.input.model).parent)
+    rep = check(draft_dir, p.verifier, expect=dict(p.expect))
+    if p.live and rep.ok:
+        from transformers import AutoTokenizer
+
+        from draftpipe.completions import encode_prompt
+
+        tok = AutoTokenizer.from_pretrained(p.verifier)
+        records = read_jsonl(snakemake.input.prompts)[: p.live_prompts]
+        ids = [encode_prompt(tok, r["messages"]) for r in records]
+        add_live_findings(rep, live_check(draft_dir, p.verifier, ids, max_tokens=p.live_max_tokens,
+                                          max_model_len=p.max_model_len,
+                                          dtype="float32" if p.dtype == "auto" else p.dtype))
+    elif not p.live:
+        rep.live = {"skipped": "live check disabled (report.live_check) or vLLM not installed"}
+    md = render_markdown(rep)
+    print(md)
+    if not rep.ok:
+        sys.exit(f"compat_report: {len(rep.errors)} error(s); see the report above")
+    write_json(snakemake.output.json, rep.to_dict())
+    write_text(snakemake.output.md, md)
