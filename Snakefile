@@ -23,6 +23,7 @@ include: "rules/hidden_states.smk"
 include: "rules/vocab.smk"
 include: "rules/draft.smk"
 include: "rules/report.smk"
+include: "rules/bench.smk"
 
 
 rule all:
@@ -31,3 +32,4 @@ rule all:
         "results/draft/model.safetensors",
         "results/draft/config.json",
         "results/report/compat.json",
+        "results/bench/report.md",

@@ -213,3 +213,29 @@ def test_compat_report_on_the_default_draft_is_clean(built):
     # the report is downstream of the draft only: a training knob reruns draft and report, nothing before
     cfg = variant(built, "epochs_report", lambda c: c["draft"].update(epochs=5))
     assert planned_jobs(built, "--configfile", cfg, target="results/report/compat.json") == {"draft": 1, "compat_report": 1}
+
+
+def test_vllm_benchmark_and_what_reruns_it(built):
+    snakemake(built, "results/bench/report.md")
+    summary = json.loads((built / "results/bench/summary.json").read_text())
+    rows = {r["num_speculative_tokens"]: r for r in summary["results"]}
+    assert set(rows) == {1, 3}
+    for r in rows.values():
+        assert r["identical"] and r["acceptance_length"] > 1.0 and r["speedup"] > 0
+        assert len(r["per_position_acceptance"]) == r["num_speculative_tokens"]
+    assert summary["environment"]["vllm"] == "0.32.0"
+    pred = summary["training_prediction"]
+    assert pred["source"] == "val" and len(pred["full_accuracy_per_position"]) == 3
+    print("benchmark:", json.dumps(summary["results"]), json.dumps(pred["rows"]))
+    import pandas as pd
+
+    table = pd.read_csv(built / "results/bench/per_prompt.csv")
+    assert len(table) == 2 * summary["settings"]["prompt_sets"]["eval"] and table["identical"].all()
+    for png in ("per_position_acceptance.png", "acceptance_speedup_vs_k.png"):
+        assert (built / "results/bench" / png).read_bytes()[:4] == b"\x89PNG"
+    # formatting reruns only the report; the measurement reruns when the draft changes
+    cfg = variant(built, "style", lambda c: c["bench"]["report"].update(title="Another title", dpi=80))
+    assert planned_jobs(built, "--configfile", cfg, target="results/bench/report.md") == {"bench_report": 1}
+    cfg = variant(built, "lr", lambda c: c["draft"].update(lr=0.001))
+    assert planned_jobs(built, "--configfile", cfg, target="results/bench/report.md") == {
+        "draft": 1, "compat_report": 1, "bench_run": 1, "bench_report": 1}

@@ -1,0 +1,56 @@
+# vLLM benchmark: the verifier alone and with the draft, same prompts and sampling, counters from vLLM itself.
+# Measurement (bench_run) and presentation (bench_report) are separate rules, so a formatting option never
+# reruns the measurement.
+rule bench_run:
+    input:
+        model="results/draft/model.safetensors",
+        config="results/draft/config.json",
+        metrics="results/draft/metrics.csv",
+        compat="results/report/compat.json",
+        eval="results/prompts/eval.jsonl",
+        sets=[s["path"] for s in config["bench"]["prompt_sets"]],
+        verifier=verifier_files,
+    output:
+        summary="results/bench/summary.json",
+        per_prompt="results/bench/per_prompt.csv",
+    params:
+        verifier=VERIFIER_DIR,
+        verifier_id=VERIFIER_ID,
+        settings=canon(
+            {
+                k: config["bench"][k]
+                for k in (
+                    "num_speculative_tokens",
+                    "temperatures",
+                    "batch_sizes",
+                    "max_tokens",
+                    "max_prompts",
+                    "prompt_sets",
+                )
+            }
+        ),
+        max_model_len=config["verifier"]["max_model_len"],
+        dtype=config["verifier"]["dtype"],
+    log:
+        "results/logs/bench_run.log",
+    benchmark:
+        "results/benchmarks/bench_run.tsv"
+    threads: workflow.cores
+    script:
+        "../scripts/bench_run.py"
+
+
+rule bench_report:
+    input:
+        summary="results/bench/summary.json",
+    output:
+        report="results/bench/report.md",
+        per_position="results/bench/per_position_acceptance.png",
+        vs_k="results/bench/acceptance_speedup_vs_k.png",
+    params:
+        style=canon(config["bench"]["report"]),
+    log:
+        "results/logs/bench_report.log",
+    threads: 1
+    script:
+        "../scripts/bench_report.py"

@@ -1,0 +1,18 @@
+"""Rule `bench_report`: plots and a markdown report from the benchmark summary (presentation only)."""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
+
+from draftpipe.bench import plot, render_report
+from draftpipe.io import write_text
+from draftpipe.runtime import redirect_output
+
+redirect_output(snakemake.log[0])
+style = snakemake.params.style
+summary = json.loads(Path(snakemake.input.summary).read_text())
+out = snakemake.output
+plot(summary, out.per_position, out.vs_k, dpi=style["dpi"], title=style["title"])
+plots = {"per-position acceptance": Path(out.per_position).name, "acceptance length and speedup vs k": Path(out.vs_k).name}
+write_text(out.report, render_report(summary, title=style["title"], plots=plots, digits=style["digits"]))

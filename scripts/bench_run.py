@@ -1,0 +1,49 @@
+"""Rule `bench_run`: measure acceptance and speed of the draft in vLLM against the verifier alone."""
+
+if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this file as __mp_main__
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
+
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    from draftpipe.bench import benchmark
+    from draftpipe.completions import encode_prompt
+    from draftpipe.io import atomic_path, read_jsonl, write_json
+    from draftpipe.prompts import load_prompts
+    from draftpipe.runtime import redirect_output
+
+    redirect_output(snakemake.log[0])
+    p = snakemake.params
+    s = p.settings
+    tok = AutoTokenizer.from_pretrained(p.verifier)
+    limit = p.max_model_len - s["max_tokens"]
+
+    def encode(records):
+        out = []
+        for r in records:
+            ids = encode_prompt(tok, r["messages"])
+            if len(ids) <= limit:
+                out.append({"id": r["id"], "prompt_token_ids": ids})
+        return out[: s["max_prompts"]]
+
+    prompt_sets = {"eval": encode(read_jsonl(snakemake.input.eval))}
+    for src in s["prompt_sets"]:
+        records, _ = load_prompts([src])
+        prompt_sets[src["name"]] = encode(records)
+    for name, prompts in prompt_sets.items():
+        print(f"prompt set {name}: {len(prompts)} prompts")
+    summary, table = benchmark(
+        p.verifier, str(Path(snakemake.input.model).parent), {k: v for k, v in prompt_sets.items() if v},
+        num_speculative_tokens=s["num_speculative_tokens"], temperatures=s["temperatures"],
+        batch_sizes=s["batch_sizes"], max_tokens=s["max_tokens"], max_model_len=p.max_model_len,
+        dtype="float32" if p.dtype == "auto" else p.dtype, metrics_csv=snakemake.input.metrics,
+    )
+    with atomic_path(snakemake.output.per_prompt) as tmp:
+        pd.DataFrame(table).to_csv(tmp, index=False)
+    write_json(snakemake.output.summary, summary)
+    mismatches = [r for r in summary["results"] if r.get("identical") is False]
+    for r in mismatches:
+        print(f"MISMATCH at temperature 0: {r['prompt_set']} k={r['num_speculative_tokens']}: {r['mismatched_prompts']}")
