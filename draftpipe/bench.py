@@ -130,7 +130,7 @@ def _cpu_name() -> str:
 
 def run_engine(verifier: str, draft: str | None, k: int, prompt_sets: dict[str, list[dict]],
                temperatures: list[float], batch_sizes: list[int], *, max_tokens: int, max_model_len: int,
-               dtype: str, seed: int = 0) -> list[dict]:
+               dtype: str, seed: int = 0, engine: dict | None = None) -> list[dict]:
     """Start one vLLM engine (verifier alone when ``draft`` is None, else EAGLE-3 with ``k`` speculative tokens)
     and run every (prompt set, temperature, batch size) on it.
 
@@ -145,7 +145,7 @@ def run_engine(verifier: str, draft: str | None, k: int, prompt_sets: dict[str, 
 
     from draftpipe.completions import engine_kwargs
 
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = dict(engine or {})
     if draft:
         extra["speculative_config"] = {"method": "eagle3", "model": draft, "num_speculative_tokens": k}
         extra["per_request_spec_decode_metrics"] = "summary"
@@ -225,15 +225,15 @@ def per_prompt_rows(base: dict, spec: dict) -> list[dict]:
 
 def benchmark(verifier: str, draft: str, prompt_sets: dict[str, list[dict]], *, num_speculative_tokens: list[int],
               temperatures: list[float], batch_sizes: list[int], max_tokens: int, max_model_len: int,
-              dtype: str, metrics_csv: str | None = None) -> tuple[dict, list[dict]]:
+              dtype: str, metrics_csv: str | None = None, engine: dict | None = None) -> tuple[dict, list[dict]]:
     """Run the whole benchmark: one baseline engine, one engine per ``k``; return ``(summary, per_prompt_rows)``."""
     base_rows = run_engine(verifier, None, 0, prompt_sets, temperatures, batch_sizes, max_tokens=max_tokens,
-                           max_model_len=max_model_len, dtype=dtype)
+                           max_model_len=max_model_len, dtype=dtype, engine=engine)
     base_by_key = {(r["prompt_set"], r["temperature"], r["batch_size"]): r for r in base_rows}
     results, table = [], []
     for k in num_speculative_tokens:
         for row in run_engine(verifier, draft, k, prompt_sets, temperatures, batch_sizes, max_tokens=max_tokens,
-                              max_model_len=max_model_len, dtype=dtype):
+                              max_model_len=max_model_len, dtype=dtype, engine=engine):
             base = base_by_key[(row["prompt_set"], row["temperature"], row["batch_size"])]
             results.append(compare_rows(base, row))
             table.extend(per_prompt_rows(base, row))

@@ -20,7 +20,7 @@ class ConfigError(ValueError):
 
 
 def gguf_shape(path: str) -> dict:
-    """Read ``block_count`` and the vocabulary size from a GGUF header (``gguf.GGUFReader``, no weights loaded)."""
+    """Read ``block_count``, ``embedding_length`` and the vocabulary size from a GGUF header (``gguf.GGUFReader``)."""
     from gguf import GGUFReader
 
     reader = GGUFReader(path)
@@ -28,7 +28,8 @@ def gguf_shape(path: str) -> dict:
     fld = reader.fields[f"{arch}.block_count"]
     num_layers = int(fld.parts[fld.data[0]][0])
     tokens = reader.fields["tokenizer.ggml.tokens"]
-    return {"num_hidden_layers": num_layers, "vocab_size": len(tokens.data)}
+    emb = reader.fields[f"{arch}.embedding_length"]
+    return {"num_hidden_layers": num_layers, "vocab_size": len(tokens.data), "hidden_size": int(emb.parts[emb.data[0]][0])}
 
 
 def verifier_shape(resolved: dict) -> dict:
@@ -38,7 +39,8 @@ def verifier_shape(resolved: dict) -> dict:
     cfg_path = resolved.get("config_path") or str(Path(resolved["path"]) / "config.json")
     cfg = json.loads(Path(cfg_path).read_text())
     cfg = cfg.get("text_config", cfg)
-    return {"num_hidden_layers": int(cfg["num_hidden_layers"]), "vocab_size": int(cfg["vocab_size"])}
+    return {"num_hidden_layers": int(cfg["num_hidden_layers"]), "vocab_size": int(cfg["vocab_size"]),
+            "hidden_size": int(cfg["hidden_size"])}
 
 
 def verifier_identity(resolved: dict, config: dict) -> dict:

@@ -26,3 +26,8 @@ def limit_threads(threads: int) -> None:
     import torch
 
     torch.set_num_threads(max(1, int(threads)))
+
+
+def engine_parallelism(gpus: int) -> dict:
+    """vLLM engine arguments for a job holding ``gpus`` devices: tensor parallel over all of them."""
+    return {"tensor_parallel_size": int(gpus)} if int(gpus) > 1 else {}

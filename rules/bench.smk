@@ -35,7 +35,9 @@ rule bench_run:
         "results/logs/bench_run.log",
     benchmark:
         "results/benchmarks/bench_run.tsv"
-    threads: workflow.cores
+    threads: res("bench_run", "threads")
+    resources:
+        **stage_resources("bench_run"),
     script:
         "../scripts/bench_run.py"
 

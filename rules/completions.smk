@@ -15,8 +15,8 @@ rule completions:
         "results/logs/completions/train_{shard}.log",
     benchmark:
         "results/benchmarks/completions/train_{shard}.tsv"
-    threads: workflow.cores
+    threads: res("completions", "threads")
     resources:
-        mem_mb=8000,
+        **stage_resources("completions"),
     script:
         "../scripts/completions.py"

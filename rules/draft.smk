@@ -17,8 +17,8 @@ rule draft:
         "results/logs/draft.log",
     benchmark:
         "results/benchmarks/draft.tsv"
-    threads: workflow.cores
+    threads: res("draft", "threads")
     resources:
-        mem_mb=8000,
+        **stage_resources("draft"),
     script:
         "../scripts/train_draft.py"

@@ -17,8 +17,8 @@ rule hidden_states:
         "results/logs/hidden_states/train_{shard}.log",
     benchmark:
         "results/benchmarks/hidden_states/train_{shard}.tsv"
-    threads: workflow.cores
+    threads: res("hidden_states", "threads")
     resources:
-        mem_mb=8000,
+        **stage_resources("hidden_states"),
     script:
         "../scripts/hidden_states.py"

@@ -27,6 +27,8 @@ rule compat_report:
         "results/logs/compat_report.log",
     benchmark:
         "results/benchmarks/compat_report.tsv"
-    threads: workflow.cores
+    threads: res("compat_report", "threads")
+    resources:
+        **stage_resources("compat_report"),
     script:
         "../scripts/compat_report.py"

@@ -16,6 +16,8 @@ rule vocab_maps:
         "results/logs/vocab_maps.log",
     benchmark:
         "results/benchmarks/vocab_maps.tsv"
-    threads: 1
+    threads: res("vocab_maps", "threads")
+    resources:
+        **stage_resources("vocab_maps"),
     script:
         "../scripts/vocab_maps.py"

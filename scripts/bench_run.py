@@ -15,7 +15,11 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
     from draftpipe.prompts import load_prompts
     from draftpipe.runtime import redirect_output
 
+    from draftpipe.gpus import hold
+    from draftpipe.runtime import engine_parallelism
+
     redirect_output(snakemake.log[0])
+    hold(snakemake.resources.gpu)  # this job's own devices, until it exits
     p = snakemake.params
     s = p.settings
     tok = AutoTokenizer.from_pretrained(p.verifier)
@@ -40,6 +44,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         num_speculative_tokens=s["num_speculative_tokens"], temperatures=s["temperatures"],
         batch_sizes=s["batch_sizes"], max_tokens=s["max_tokens"], max_model_len=p.max_model_len,
         dtype="float32" if p.dtype == "auto" else p.dtype, metrics_csv=snakemake.input.metrics,
+        engine=engine_parallelism(snakemake.resources.gpu),
     )
     with atomic_path(snakemake.output.per_prompt) as tmp:
         pd.DataFrame(table).to_csv(tmp, index=False)

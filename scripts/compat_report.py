@@ -11,7 +11,10 @@ if __name__ == "__main__":
     from draftpipe.io import read_jsonl, write_json, write_text
     from draftpipe.runtime import redirect_output
 
+    from draftpipe.gpus import hold
+
     redirect_output(snakemake.log[0])
+    hold(snakemake.resources.gpu)  # this job's own devices, until it exits; the live check inherits it
     p = snakemake.params
     draft_dir = str(Path(snakemake.input.model).parent)
     rep = check(draft_dir, p.verifier, expect=dict(p.expect))

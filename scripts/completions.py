@@ -6,17 +6,22 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
-    from draftpipe.completions import generate_completions
-    from draftpipe.io import read_jsonl, write_jsonl
-    from draftpipe.runtime import redirect_output
+    from draftpipe.gpus import hold
+    from draftpipe.runtime import engine_parallelism, redirect_output
 
     redirect_output(snakemake.log[0])
+    hold(snakemake.resources.gpu)  # this job's own devices, until it exits
+
+    from draftpipe.completions import generate_completions
+    from draftpipe.io import read_jsonl, write_jsonl
+
     p = snakemake.params
     s = p.sampling
     rows, stats = generate_completions(
         read_jsonl(snakemake.input.prompts), p.verifier,
         samples_per_prompt=s["samples_per_prompt"], temperature=s["temperature"], top_p=s["top_p"],
         max_tokens=s["max_tokens"], seed=s["seed"], max_model_len=p.max_model_len, dtype=p.dtype,
+        engine=engine_parallelism(snakemake.resources.gpu),
     )
     write_jsonl(snakemake.output[0], rows)
     print(stats)

@@ -6,11 +6,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 
-from draftpipe.draft import export_draft, metrics_frame, settings_from_params, train_draft
-from draftpipe.io import atomic_path
+from draftpipe.gpus import hold
 from draftpipe.runtime import limit_threads, redirect_output
 
 redirect_output(snakemake.log[0])
+hold(snakemake.resources.gpu)  # this job's own devices, until it exits
+
+from draftpipe.draft import export_draft, metrics_frame, settings_from_params, train_draft  # noqa: E402
+from draftpipe.io import atomic_path  # noqa: E402
+
 limit_threads(snakemake.threads)
 p = snakemake.params
 settings = settings_from_params(dict(p.draft))

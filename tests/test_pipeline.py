@@ -19,7 +19,7 @@ import yaml
 
 from conftest import REPO
 
-WORKFLOW_FILES = ("Snakefile", "config.yaml", "rules", "scripts", "profiles", "draftpipe")
+WORKFLOW_FILES = ("Snakefile", "config.yaml", "rules", "scripts", "profiles", "configs", "draftpipe")
 
 
 def copy_workflow(dest: Path) -> Path:

@@ -1,0 +1,134 @@
+"""Disjoint GPU sets for concurrent jobs on one node.
+
+Snakemake's ``gpu`` resource is only a counter: with ``--resources gpu=8`` at most eight GPUs are *requested* at
+once, but two ``gpu=1`` jobs both see every device (Snakemake issue #281). :func:`allocate` gives each job its own
+devices: it takes an exclusive ``fcntl.flock`` on one lock file per device under a lock directory and sets
+``CUDA_VISIBLE_DEVICES`` to the devices it holds. The kernel drops a process's flocks when it exits, however it
+exits (SIGKILL included), so a dead job's devices come back without any cleanup.
+
+Under SLURM (``SLURM_JOB_ID`` set) the scheduler chooses the devices (GRES binding sets ``CUDA_VISIBLE_DEVICES``)
+and :func:`allocate` leaves them alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+
+class GPUAllocationError(RuntimeError):
+    """More devices requested than the node has, or none free before the timeout."""
+
+
+def node_gpu_count() -> int:
+    """Devices on this node: ``DRAFTPIPE_GPUS`` if set, else the entries of ``CUDA_VISIBLE_DEVICES`` if set,
+    else what ``nvidia-smi -L`` lists, else 0."""
+    if os.environ.get("DRAFTPIPE_GPUS"):
+        return int(os.environ["DRAFTPIPE_GPUS"])
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return len([d for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()])
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+        if out.returncode == 0:
+            return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    return 0
+
+
+def default_lock_dir() -> Path:
+    """``DRAFTPIPE_GPU_LOCKS`` or ``/tmp/draftpipe-gpu-locks-<uid>``: shared by every job of one user on the node."""
+    return Path(os.environ.get("DRAFTPIPE_GPU_LOCKS") or f"/tmp/draftpipe-gpu-locks-{os.getuid()}")
+
+
+@contextlib.contextmanager
+def allocate(n: int, *, total: int | None = None, lock_dir: str | Path | None = None, timeout: float = 3600.0,
+             poll: float = 0.2, env: dict | None = None) -> Iterator[list[str]]:
+    """Hold ``n`` devices exclusively for the duration of the block and export them as ``CUDA_VISIBLE_DEVICES``.
+
+    Args:
+        n: devices wanted (Snakemake's ``resources.gpu`` of the job); 0 yields ``[]`` and changes nothing.
+        total: devices on the node (default :func:`node_gpu_count`).
+        lock_dir: directory of the per-device lock files (default :func:`default_lock_dir`).
+        timeout: seconds to wait for enough free devices.
+        env: the environment to update (default ``os.environ``).
+
+    Yields:
+        The device ids held (strings, as in ``CUDA_VISIBLE_DEVICES``), in node order. When the caller's
+        ``CUDA_VISIBLE_DEVICES`` is already set, devices are taken from that list.
+
+    Raises:
+        GPUAllocationError: ``n > total``, or not enough free devices within ``timeout``.
+    """
+    env = os.environ if env is None else env
+    if n <= 0:
+        yield []
+        return
+    if env.get("SLURM_JOB_ID"):
+        yield [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        return
+    visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    total = (len(visible) if visible else node_gpu_count()) if total is None else total
+    ids = visible[:total] if visible else [str(i) for i in range(total)]
+    if n > total:
+        raise GPUAllocationError(f"job asks for {n} GPUs but this node has {total}")
+    lock_dir = Path(lock_dir or default_lock_dir())
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout
+    held: list[tuple[str, int]] = []
+    try:
+        while True:
+            for dev in ids:
+                if len(held) == n:
+                    break
+                fd = os.open(lock_dir / f"gpu{dev}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+                held.append((dev, fd))
+            if len(held) == n:
+                break
+            for _, fd in held:  # release partial sets, so two large jobs never deadlock each other
+                os.close(fd)
+            held.clear()
+            if time.monotonic() > deadline:
+                raise GPUAllocationError(f"no {n} free GPUs out of {total} within {timeout:.0f} s ({lock_dir})")
+            time.sleep(poll)
+        devices = sorted((d for d, _ in held), key=ids.index)
+        previous = env.get("CUDA_VISIBLE_DEVICES")
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        try:
+            yield devices
+        finally:
+            if previous is None:
+                env.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                env["CUDA_VISIBLE_DEVICES"] = previous
+    finally:
+        for _, fd in held:
+            os.close(fd)
+
+
+_HELD: list = []
+
+
+def hold(n: int, **kwargs) -> list[str]:
+    """:func:`allocate` for the rest of this process (a job script): the devices are released when it exits."""
+    import sys
+
+    ctx = allocate(n, **kwargs)
+    devices = ctx.__enter__()
+    _HELD.append(ctx)
+    if n > 0:
+        print(f"draftpipe.gpus: {n} GPU(s), CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}",
+              file=sys.stderr, flush=True)
+    return devices

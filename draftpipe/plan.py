@@ -1,0 +1,80 @@
+"""A plan printed before anything runs: training samples, tokens, hidden-state bytes and disk needed.
+
+Estimates, from the config and the verifier's config only (no tokenizer, no weights): prompts are counted from the
+sources (JSON lines, JSON arrays, Parquet row counts); a prompt's tokens are estimated at 4 characters per token
+(a common rule of thumb for BPE tokenizers on English text); every completion is assumed to run to ``max_tokens``,
+so token counts and bytes are upper bounds.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+CHARS_PER_TOKEN = 4.0
+
+
+def count_source(path: str) -> tuple[int, int]:
+    """``(records, bytes of text)`` of a prompt source without parsing every record where avoidable."""
+    p = Path(path)
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        meta = pq.ParquetFile(p).metadata
+        return meta.num_rows, p.stat().st_size
+    data = gzip.open(p, "rb").read() if p.suffix == ".gz" else p.read_bytes()
+    base = Path(p.stem).suffix if p.suffix == ".gz" else p.suffix
+    if base == ".json":
+        return len(json.loads(data)), len(data)
+    return sum(1 for line in data.splitlines() if line.strip()), len(data)
+
+
+def plan(config: dict, shape: dict) -> dict:
+    """Upper-bound sizes of the build for ``config`` against a verifier of ``shape``.
+
+    Args:
+        config: the validated config.
+        shape: ``num_hidden_layers``, ``vocab_size`` and ``hidden_size`` of the verifier.
+
+    Returns:
+        ``prompts``, ``train_samples``, ``tokens_per_sample``, ``train_tokens``, ``hidden_state_bytes``,
+        ``completion_bytes``, ``disk_bytes`` (hidden states + completions + prompts) and the inputs to the estimate.
+    """
+    records = chars = 0
+    for src in config["prompts"]["sources"]:
+        n, b = count_source(src["path"])
+        records += n
+        chars += b
+    train_prompts = records * (1.0 - config["prompts"]["eval_fraction"])
+    samples = int(round(train_prompts * config["completions"]["samples_per_prompt"]))
+    prompt_tokens = (chars / records / CHARS_PER_TOKEN) if records else 0.0
+    per_sample = min(config["verifier"]["max_model_len"], int(prompt_tokens + config["completions"]["max_tokens"]))
+    tokens = samples * per_sample
+    aux = config["hidden_states"].get("aux_layer_ids") or [0, 0, 0]
+    H = int(shape["hidden_size"])
+    per_token = (len(aux) + 1) * H * DTYPE_BYTES[config["hidden_states"]["dtype"]] + 8 + 1  # states, id, mask
+    hidden = tokens * per_token
+    completion = tokens * 12 + samples * 600  # JSON text of ids and text, plus per-row metadata
+    return {"prompts": records, "train_samples": samples, "tokens_per_sample": per_sample, "train_tokens": tokens,
+            "hidden_state_bytes": hidden, "completion_bytes": completion,
+            "disk_bytes": hidden + completion + 2 * chars, "hidden_size": H, "aux_states": len(aux) + 1,
+            "dtype": config["hidden_states"]["dtype"]}
+
+
+def human(n: float) -> str:
+    """Bytes in binary units (KiB, MiB, GiB, TiB)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def format_plan(p: dict) -> str:
+    """One block of text for the console."""
+    return (f"draftpipe plan (upper bounds): {p['prompts']} prompts -> {p['train_samples']} training samples x "
+            f"<= {p['tokens_per_sample']} tokens = {p['train_tokens']:,} tokens; hidden states "
+            f"({p['aux_states']} x {p['hidden_size']} x {p['dtype']} per token) {human(p['hidden_state_bytes'])}; "
+            f"completions {human(p['completion_bytes'])}; disk needed {human(p['disk_bytes'])}")
