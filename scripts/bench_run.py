@@ -6,6 +6,10 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
+    from draftpipe.runtime import engine_parallelism, start_job
+
+    start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+
     import pandas as pd
     from transformers import AutoTokenizer
 
@@ -13,13 +17,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
     from draftpipe.completions import encode_prompt
     from draftpipe.io import atomic_path, read_jsonl, write_json
     from draftpipe.prompts import load_prompts
-    from draftpipe.runtime import redirect_output
 
-    from draftpipe.gpus import hold
-    from draftpipe.runtime import engine_parallelism
-
-    redirect_output(snakemake.log[0])
-    hold(snakemake.resources.gpu)  # this job's own devices, until it exits
     p = snakemake.params
     s = p.settings
     tok = AutoTokenizer.from_pretrained(p.verifier)

@@ -7,14 +7,13 @@ if __name__ == "__main__":
 
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
+    from draftpipe.runtime import start_job
+
+    start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+
     from draftpipe.compat import add_live_findings, check, live_check, render_markdown
     from draftpipe.io import read_jsonl, write_json, write_text
-    from draftpipe.runtime import redirect_output
 
-    from draftpipe.gpus import hold
-
-    redirect_output(snakemake.log[0])
-    hold(snakemake.resources.gpu)  # this job's own devices, until it exits; the live check inherits it
     p = snakemake.params
     draft_dir = str(Path(snakemake.input.model).parent)
     rep = check(draft_dir, p.verifier, expect=dict(p.expect))

@@ -6,11 +6,9 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
-    from draftpipe.gpus import hold
-    from draftpipe.runtime import engine_parallelism, redirect_output
+    from draftpipe.runtime import engine_parallelism, start_job
 
-    redirect_output(snakemake.log[0])
-    hold(snakemake.resources.gpu)  # this job's own devices, until it exits
+    start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 
     from draftpipe.completions import generate_completions
     from draftpipe.io import read_jsonl, write_jsonl

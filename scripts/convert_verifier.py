@@ -4,10 +4,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (snakemake is injected)
 
-from draftpipe.runtime import redirect_output
+from draftpipe.runtime import start_job
+
+start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+
 from draftpipe.verifier import convert_gguf
 
-redirect_output(snakemake.log[0])
 summary = convert_gguf(
     snakemake.input.gguf,
     str(Path(snakemake.output.config).parent),

@@ -4,18 +4,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 
-from draftpipe.gpus import hold
-from draftpipe.runtime import limit_threads, redirect_output
+from draftpipe.runtime import start_job
 
-redirect_output(snakemake.log[0])
-hold(snakemake.resources.gpu)  # this job's own devices, until it exits
+start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 
 import torch  # noqa: E402 (after CUDA_VISIBLE_DEVICES is set)
 
 from draftpipe.hidden_states import build_sample, load_verifier_model, write_shard  # noqa: E402
 from draftpipe.io import read_jsonl  # noqa: E402
 
-limit_threads(snakemake.threads)
 p = snakemake.params
 model_dtype = "float32" if p.model_dtype == "auto" else p.model_dtype
 model = load_verifier_model(p.verifier, model_dtype)

@@ -5,11 +5,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 
+from draftpipe.runtime import start_job
+
+start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+
 from draftpipe.io import write_json, write_jsonl
 from draftpipe.prompts import load_prompts, split_and_shard
-from draftpipe.runtime import redirect_output
 
-redirect_output(snakemake.log[0])
 p = snakemake.params
 records, stats = load_prompts(p.sources)
 shards, evals = split_and_shard(records, p.eval_fraction, p.num_shards, p.split_seed)

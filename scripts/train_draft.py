@@ -6,16 +6,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 
-from draftpipe.gpus import hold
-from draftpipe.runtime import limit_threads, redirect_output
+from draftpipe.runtime import start_job
 
-redirect_output(snakemake.log[0])
-hold(snakemake.resources.gpu)  # this job's own devices, until it exits
+start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 
 from draftpipe.draft import export_draft, metrics_frame, settings_from_params, train_draft  # noqa: E402
 from draftpipe.io import atomic_path  # noqa: E402
 
-limit_threads(snakemake.threads)
 p = snakemake.params
 settings = settings_from_params(dict(p.draft))
 # Training state is keyed by everything that shapes it, so a rerun after a crash resumes, and a changed

@@ -4,16 +4,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 
+from draftpipe.runtime import start_job
+
+start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+
 import torch
 from transformers import AutoTokenizer
 
 from draftpipe.io import atomic_path, read_jsonl
-from draftpipe.runtime import redirect_output
 from draftpipe.vocab import build_maps, check_maps, count_tokens, frequency_table, write_maps
 
-redirect_output(snakemake.log[0])
 p = snakemake.params
-
 
 def samples():
     for path in snakemake.input.completions:
@@ -21,7 +22,6 @@ def samples():
             ids = (list(row["prompt_token_ids"]) + list(row["completion_token_ids"]))[: p.max_len]
             mask = ([0] * len(row["prompt_token_ids"]) + [1] * len(row["completion_token_ids"]))[: p.max_len]
             yield {"input_ids": torch.tensor(ids, dtype=torch.long), "loss_mask": torch.tensor(mask)}
-
 
 counts = count_tokens(samples(), p.vocab_size)
 d2t, t2d = build_maps(counts, p.draft_vocab_size)

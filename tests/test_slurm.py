@@ -1,0 +1,96 @@
+"""The embedded-default pipeline through a real single-node SLURM (scripts/slurm.sh) with profiles/slurm.
+
+Runs when a cluster answers (`sinfo`) and the orchestration environment exists (`bash envs/setup.sh
+orchestration`); `.ci/run` starts both and sets DRAFTPIPE_REQUIRE_SLURM=1, which turns a missing cluster into a
+failure instead of a skip. DRAFTPIPE_SLURM_SCRATCH names the cluster's scratch folder (its job-completion log);
+the cluster keeps finished jobs for an hour (MinJobAge), so `scontrol show job` still shows what each one got.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from test_pipeline import copy_workflow, variant
+
+ORCH_PYTHON = Path(os.environ.get("DRAFTPIPE_ORCH_PYTHON", REPO / ".venv-orch" / "bin" / "python"))
+SCRATCH = os.environ.get("DRAFTPIPE_SLURM_SCRATCH")
+
+
+def cluster_ready() -> str | None:
+    if not shutil.which("sinfo"):
+        return "no sinfo on PATH"
+    out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
+    if out.returncode != 0 or "idle" not in out.stdout and "mix" not in out.stdout:
+        return f"no idle SLURM node ({out.stdout.strip() or out.stderr.strip()})"
+    if not ORCH_PYTHON.exists():
+        return f"no orchestration environment at {ORCH_PYTHON}"
+    if not SCRATCH:
+        return "DRAFTPIPE_SLURM_SCRATCH is not set"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    reason = cluster_ready()
+    if reason:
+        if os.environ.get("DRAFTPIPE_REQUIRE_SLURM") == "1":
+            pytest.fail(f"SLURM required but unavailable: {reason}")
+        pytest.skip(reason)
+    return Path(SCRATCH)
+
+
+def jobcomp_records(path: Path) -> list[dict]:
+    records = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        records.append(dict(kv.split("=", 1) for kv in line.split() if "=" in kv))
+    return records
+
+
+def scontrol_job(job_id: str) -> dict:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True)
+    return dict(kv.split("=", 1) for kv in out.stdout.split() if "=" in kv)
+
+
+def test_pipeline_runs_through_slurm(cluster, tmp_path):
+    work = copy_workflow(tmp_path / "wf")
+    # GPU stages ask for one (fake) GPU each, so the scheduler must bind a device per job.
+    cfg = variant(work, "slurm_gpus", lambda c: [c["resources"][s].update(gpus=1)
+                                                 for s in ("completions", "hidden_states", "draft")])
+    comp = cluster / "log" / "jobcomp.txt"
+    before = len(jobcomp_records(comp))
+    env = {**os.environ, "DRAFTPIPE_ML_PYTHON": sys.executable, "DRAFTPIPE_SLURM_PARTITION": "debug"}
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        ["timeout", "-k", "10", "2400", str(ORCH_PYTHON), "-m", "snakemake", "results/draft/model.safetensors",
+         "--workflow-profile", "profiles/slurm", "--configfile", cfg,
+         "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
+         "--seconds-between-status-checks", "2", "--latency-wait", "5", "--retries", "0"],
+        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall = time.monotonic() - t0
+    print(f"SLURM run: {wall:.0f} s")
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert (work / "results/draft/model.safetensors").exists()
+
+    submitted = re.findall(r"Job (\d+) has been submitted with SLURM jobid (\d+)", proc.stdout)
+    rules = re.findall(r"^(?:rule|localrule) (\w+):", proc.stdout, flags=re.M)
+    assert not [r for r in rules if r.startswith("localrule")]
+    assert len(submitted) == 8, proc.stdout[-3000:]  # verifier, prompt_set, 2 completions, 2 hidden, vocab, draft
+    records = {r["JobId"]: r for r in jobcomp_records(comp)[before:]}  # the scheduler's own completion log
+    jobs = {slurm_id: scontrol_job(slurm_id) for _, slurm_id in submitted}
+    for slurm_id, job in jobs.items():
+        assert records[slurm_id]["JobState"] == "COMPLETED", records[slurm_id]
+        assert job["JobState"] == "COMPLETED" and job["WorkDir"] == str(work), job
+    gpu_jobs = [j for j in jobs.values() if j.get("TresPerJob") == "gres:gpu:1"]
+    assert len(gpu_jobs) == 5, [j.get("TresPerJob") for j in jobs.values()]  # 2 completions, 2 hidden, draft
+    for log in list((work / "results/logs/completions").glob("*.log")) + list((work / "results/logs/hidden_states").glob("*.log")) + [work / "results/logs/draft.log"]:
+        m = re.search(r"draftpipe.gpus: 1 GPU\(s\), CUDA_VISIBLE_DEVICES=(\S+)", log.read_text())
+        assert m and re.fullmatch(r"[0-7]", m.group(1)), log
