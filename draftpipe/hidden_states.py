@@ -107,6 +107,14 @@ def capture_layers(model: Any, input_ids: "torch.Tensor", layer_ids: list[int]) 
     return {k: captured[k] for k in layer_ids}
 
 
+def sequence_and_mask(row: dict, max_len: int) -> tuple[list[int], list[int]]:
+    """Training sequence of a completion row: ``prompt_token_ids + completion_token_ids`` and its loss mask (1 on
+    completion tokens), both truncated to ``max_len`` tokens."""
+    ids = list(row["prompt_token_ids"]) + list(row["completion_token_ids"])
+    mask = [0] * len(row["prompt_token_ids"]) + [1] * len(row["completion_token_ids"])
+    return ids[:max_len], mask[:max_len]
+
+
 def build_sample(model: Any, row: dict, aux_ids: list[int], num_layers: int, max_len: int, dtype: "torch.dtype") -> dict:
     """Tensors of one training sample from one completion row (see the module docstring for names and shapes).
 
@@ -114,9 +122,7 @@ def build_sample(model: Any, row: dict, aux_ids: list[int], num_layers: int, max
     """
     import torch
 
-    ids = list(row["prompt_token_ids"]) + list(row["completion_token_ids"])
-    mask = [0] * len(row["prompt_token_ids"]) + [1] * len(row["completion_token_ids"])
-    ids, mask = ids[:max_len], mask[:max_len]
+    ids, mask = sequence_and_mask(row, max_len)
     input_ids = torch.tensor(ids, dtype=torch.long)
     states = capture_layers(model, input_ids, sorted(set(aux_ids) | {num_layers}))
     return {

@@ -11,17 +11,19 @@ start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 import torch
 from transformers import AutoTokenizer
 
+from draftpipe.hidden_states import sequence_and_mask
 from draftpipe.io import atomic_path, read_jsonl
 from draftpipe.vocab import build_maps, check_maps, count_tokens, frequency_table, write_maps
 
 p = snakemake.params
 
+
 def samples():
     for path in snakemake.input.completions:
         for row in read_jsonl(path):
-            ids = (list(row["prompt_token_ids"]) + list(row["completion_token_ids"]))[: p.max_len]
-            mask = ([0] * len(row["prompt_token_ids"]) + [1] * len(row["completion_token_ids"]))[: p.max_len]
+            ids, mask = sequence_and_mask(row, p.max_len)
             yield {"input_ids": torch.tensor(ids, dtype=torch.long), "loss_mask": torch.tensor(mask)}
+
 
 counts = count_tokens(samples(), p.vocab_size)
 d2t, t2d = build_maps(counts, p.draft_vocab_size)
