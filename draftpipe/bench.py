@@ -25,9 +25,9 @@ import json
 import platform
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
-from draftpipe.spec_decode import acceptance_from_counters
+from draftpipe.spec_decode import acceptance_from_counters, snapshot
 
 
 @dataclass(frozen=True)
@@ -44,22 +44,6 @@ def counters_delta(before: dict, after: dict) -> dict:
     per_pos = [a - b for a, b in zip(after["per_pos"], before["per_pos"] + [0.0] * len(after["per_pos"]))]
     return acceptance_from_counters(after["drafts"] - before["drafts"], after["draft_tokens"] - before["draft_tokens"],
                                     after["accepted"] - before["accepted"], per_pos)
-
-
-def snapshot(metrics: Iterable[Any]) -> dict:
-    """Raw spec-decode counters from ``LLM.get_metrics()`` (zeros when the engine has no draft)."""
-    out = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "per_pos": []}
-    for m in metrics:
-        if m.name == "vllm:spec_decode_num_drafts":
-            out["drafts"] += m.value
-        elif m.name == "vllm:spec_decode_num_draft_tokens":
-            out["draft_tokens"] += m.value
-        elif m.name == "vllm:spec_decode_num_accepted_tokens":
-            out["accepted"] += m.value
-        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            vals = [float(v) for v in m.values]
-            out["per_pos"] = [a + b for a, b in zip(out["per_pos"], vals)] if out["per_pos"] else vals
-    return out
 
 
 def tpot_ms(first_ts: float, last_ts: float, num_tokens: int) -> float | None:

@@ -43,21 +43,28 @@ def acceptance_from_counters(num_drafts: float, num_draft_tokens: float, accepte
     }
 
 
-def read_spec_counters(metrics: list[Any]) -> dict:
-    """Sum vLLM's spec-decode metrics (``LLM.get_metrics()``) over engines; see :func:`acceptance_from_counters`."""
-    drafts = draft_tokens = accepted = 0.0
-    per_pos: list[float] = []
+def snapshot(metrics: list[Any]) -> dict:
+    """Raw spec-decode counters from ``LLM.get_metrics()``, summed over engines: ``drafts``, ``draft_tokens``,
+    ``accepted`` and ``per_pos`` (zeros and an empty list when the engine has no draft)."""
+    out = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "per_pos": []}
     for m in metrics:
         if m.name == "vllm:spec_decode_num_drafts":
-            drafts += m.value
+            out["drafts"] += m.value
         elif m.name == "vllm:spec_decode_num_draft_tokens":
-            draft_tokens += m.value
+            out["draft_tokens"] += m.value
         elif m.name == "vllm:spec_decode_num_accepted_tokens":
-            accepted += m.value
+            out["accepted"] += m.value
         elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            vals = list(m.values)
-            per_pos = [a + b for a, b in zip(per_pos, vals)] if per_pos else [float(v) for v in vals]
-    return acceptance_from_counters(drafts, draft_tokens, accepted, per_pos)
+            vals = [float(v) for v in m.values]
+            out["per_pos"] = [a + b for a, b in zip(out["per_pos"], vals)] if out["per_pos"] else vals
+    return out
+
+
+def read_spec_counters(metrics: list[Any]) -> dict:
+    """Acceptance figures of everything an engine ran so far; see :func:`snapshot` and
+    :func:`acceptance_from_counters`."""
+    c = snapshot(metrics)
+    return acceptance_from_counters(c["drafts"], c["draft_tokens"], c["accepted"], c["per_pos"])
 
 
 def generate(verifier: str, prompt_token_ids: list[list[int]], *, max_tokens: int, max_model_len: int,

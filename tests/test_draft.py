@@ -44,3 +44,17 @@ def test_acceptance_arithmetic_on_known_counters():
     assert a["per_position_acceptance"] == [0.8, 0.5, 0.2]
     none = acceptance_from_counters(0, 0, 0, [])
     assert none["acceptance_length"] == 1.0 and none["acceptance_rate"] == 0.0
+
+
+def test_counters_read_from_vllm_metric_objects():
+    from types import SimpleNamespace as M
+
+    from draftpipe.spec_decode import read_spec_counters
+
+    metrics = [M(name="vllm:spec_decode_num_drafts", value=100.0),
+               M(name="vllm:spec_decode_num_draft_tokens", value=300.0),
+               M(name="vllm:spec_decode_num_accepted_tokens", value=150.0),
+               M(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[80, 50, 20]),
+               M(name="vllm:num_requests_running", value=3.0)]
+    a = read_spec_counters(metrics)
+    assert a["acceptance_length"] == 2.5 and a["per_position_acceptance"] == [0.8, 0.5, 0.2]
