@@ -22,3 +22,13 @@ def verifier_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("verifier") / "stories260K"
     convert_gguf(GGUF, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory) -> Path:
+    """The embedded default built to the draft once per session in a copy of the workflow (uninterrupted run)."""
+    from workflow import copy_workflow, snakemake
+
+    work = copy_workflow(tmp_path_factory.mktemp("workflow"))
+    snakemake(work, "results/draft/model.safetensors")
+    return work

@@ -18,58 +18,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-
-WORKFLOW_FILES = ("Snakefile", "config.yaml", "rules", "scripts", "profiles", "configs", "draftpipe")
-
-
-def copy_workflow(dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in WORKFLOW_FILES:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, dest / name)
-    return dest
-
-
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", *args]
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    return proc
-
-
-def planned_jobs(workdir: Path, *args: str, target: str = "results/draft/model.safetensors") -> dict[str, int]:
-    """Job counts of a dry run for `target`, without the `all` target rule."""
-    out = snakemake(workdir, target, *args, "-n", "-q", "rules").stdout
-    if "Nothing to be done" in out:
-        return {}
-    table = out[out.index("Job stats:"):]
-    jobs = {}
-    for line in table.splitlines()[3:]:
-        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-        if not m or m.group(1) == "total":
-            break
-        jobs[m.group(1)] = int(m.group(2))
-    jobs.pop("all", None)
-    return jobs
-
-
-def variant(workdir: Path, name: str, change) -> str:
-    cfg = yaml.safe_load((workdir / "config.yaml").read_text())
-    change(cfg)
-    path = workdir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))  # keys sorted: key order must not count as a change
-    return str(path)
-
-
-@pytest.fixture(scope="session")
-def built(tmp_path_factory) -> Path:
-    work = copy_workflow(tmp_path_factory.mktemp("workflow"))
-    snakemake(work, "results/draft/model.safetensors")
-    return work
+from workflow import copy_workflow, planned_jobs, snakemake, variant
 
 
 def test_all_stages_produce_their_artifacts(built):
