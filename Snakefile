@@ -12,7 +12,13 @@ min_version("9.0")
 configfile: "config.yaml"
 
 
-validate(config, "draftpipe/config.schema.yaml")
+from draftpipe.config import ConfigError, validate_config
+
+try:
+    validate_config(config)  # names the key of the first error, e.g. `completions.temprature: unknown key ...`
+except ConfigError as exc:
+    raise WorkflowError(f"config error: {exc}")
+validate(config, "draftpipe/config.schema.yaml")  # fills in the schema's defaults
 
 
 include: "rules/common.smk"
@@ -29,7 +35,12 @@ include: "rules/bench.smk"
 rule all:
     default_target: True
     input:
+        "results/prompts/stats.json",
         "results/draft/model.safetensors",
         "results/draft/config.json",
         "results/report/compat.json",
         "results/bench/report.md",
+
+
+onstart:
+    check_disk_before_start()

@@ -24,20 +24,183 @@ def chat_template_hash(tokenizer: Any) -> str | None:
     return sha256_text(template)
 
 
-def encode_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
+TOO_LONG_POLICIES = ("drop", "truncate", "error")
+CHAT_TEMPLATE_POLICIES = ("auto", "required")
+
+
+class PromptTooLongError(ValueError):
+    """A prompt leaves no room for a new token and ``completions.too_long`` is ``error``; names the prompt id."""
+
+
+class ChatTemplateError(ValueError):
+    """``verifier.chat_template`` is ``required`` and the verifier's tokenizer has none; names the verifier."""
+
+
+def check_chat_template(tokenizer: Any, policy: str = "auto", verifier: str | None = None) -> bool:
+    """Whether prompts are rendered with the tokenizer's chat template (config ``verifier.chat_template``).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (only its ``chat_template`` and ``name_or_path`` attributes are read).
+        policy: ``"auto"``: use the template when the tokenizer has one, else plain text (see
+            :func:`encode_prompt`); ``"required"``: a tokenizer without a template is an error.
+        verifier: the verifier's name for the message (default: the tokenizer's ``name_or_path``).
+
+    Returns:
+        True when the tokenizer has a chat template, False when prompts are plain text.
+
+    Raises:
+        ChatTemplateError: ``policy`` is ``"required"`` and the tokenizer has no chat template.
+        ValueError: ``policy`` is not one of :data:`CHAT_TEMPLATE_POLICIES`.
+    """
+    if policy not in CHAT_TEMPLATE_POLICIES:
+        raise ValueError(f"verifier.chat_template: unknown value {policy!r} (use auto or required)")
+    has = bool(getattr(tokenizer, "chat_template", None))
+    if policy == "required" and not has:
+        name = verifier if verifier is not None else getattr(tokenizer, "name_or_path", None) or "?"
+        raise ChatTemplateError(
+            f"verifier.chat_template: 'required', but the tokenizer of the verifier {name} has no chat template"
+        )
+    return has
+
+
+def encode_prompt(tokenizer: Any, messages: list[dict], *, chat_template: str = "auto") -> list[int]:
     """Token ids of a chat prompt as the verifier sees it.
 
     With a chat template: ``apply_chat_template(messages, add_generation_prompt=True)``. Without one (a base
     model such as stories260K) the last user message is the raw prompt, tokenized with the tokenizer's special
-    tokens (BOS).
+    tokens (BOS). A base model has no notion of turns, so a system message and earlier turns of a multi-turn prompt
+    are left out rather than rejected (every ShareGPT-style source would be unusable otherwise);
+    :func:`prepare_prompts` counts such prompts as ``last_user_turn_only``. Set ``chat_template="required"`` to
+    refuse a verifier without a template instead.
+
+    Args:
+        tokenizer: the verifier's Hugging Face tokenizer.
+        messages: ``[{"role", "content"}, ...]`` ending in a user turn (a prompt record's ``messages``).
+        chat_template: ``"auto"`` or ``"required"``, see :func:`check_chat_template`.
 
     Returns:
         list of int token ids.
+
+    Raises:
+        ChatTemplateError: ``chat_template="required"`` and the tokenizer has no chat template.
+        ValueError: ``messages`` has no user turn (and the tokenizer no chat template).
     """
-    if getattr(tokenizer, "chat_template", None):
+    if check_chat_template(tokenizer, chat_template):
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return list(tokenizer(messages[-1]["content"], add_special_tokens=True)["input_ids"])
+    return list(tokenizer(last_user_message(messages), add_special_tokens=True)["input_ids"])
+
+
+def last_user_message(messages: list[dict]) -> str:
+    """The content of the last user turn: the raw prompt of a verifier without a chat template.
+
+    Raises:
+        ValueError: ``messages`` has no user turn.
+    """
+    for msg in reversed(messages):
+        if msg.get("role") == "user":
+            return msg["content"]
+    raise ValueError(f"a prompt with no user turn ({len(messages)} messages) cannot be sent to a verifier without a "
+                     "chat template")
+
+
+def fit_prompt(ids: list[int], max_model_len: int, policy: str = "drop", where: str = "?", *,
+               reserve: int = 1) -> list[int] | None:
+    """Apply ``completions.too_long`` to a prompt's token ids.
+
+    A prompt *fits* when it leaves room for at least one new token: ``len(ids) <= max_model_len - 1``; such a
+    prompt is returned unchanged, whatever the policy. For a prompt that does not fit:
+
+    - ``"drop"``: return ``None`` (the caller leaves the prompt out and counts it);
+    - ``"truncate"``: keep the FIRST ``max_model_len - reserve`` tokens. The beginning holds BOS, the system prompt
+      and the start of the request, which a base model needs to continue sensibly; the price is that with a chat
+      template the generation prompt at the end (the assistant header) is cut as well, so the verifier continues the
+      user's text instead of answering it: prefer ``drop`` for chat verifiers;
+    - ``"error"``: raise :class:`PromptTooLongError`.
+
+    Args:
+        ids: the prompt's token ids (:func:`encode_prompt`).
+        max_model_len: the engine's context in tokens (``verifier.max_model_len``).
+        policy: one of :data:`TOO_LONG_POLICIES`.
+        where: the prompt id, for the error message.
+        reserve: room left for new tokens by ``truncate`` (``1 <= reserve < max_model_len``).
+
+    Returns:
+        The ids to send (a new list), or ``None`` when the prompt is dropped.
+
+    Raises:
+        PromptTooLongError: ``policy`` is ``"error"`` and the prompt does not fit.
+        ValueError: unknown ``policy``, or ``reserve`` outside ``[1, max_model_len - 1]``.
+    """
+    if policy not in TOO_LONG_POLICIES:
+        raise ValueError(f"completions.too_long: unknown policy {policy!r} (use drop, truncate or error)")
+    if not 1 <= reserve < max_model_len:
+        raise ValueError(
+            f"reserve must be in [1, {max_model_len - 1}] for max_model_len {max_model_len}, got {reserve}"
+        )
+    if len(ids) <= max_model_len - 1:
+        return list(ids)
+    if policy == "drop":
+        return None
+    if policy == "truncate":
+        return list(ids[: max_model_len - reserve])
+    raise PromptTooLongError(
+        f"completions.too_long: prompt {where} has {len(ids)} tokens, which leaves no room for a new token in "
+        f"verifier.max_model_len={max_model_len} (set completions.too_long to drop or truncate to go on)"
+    )
+
+
+def prepare_prompts(
+    records: list[dict],
+    tokenizer: Any,
+    *,
+    max_model_len: int,
+    max_tokens: int,
+    too_long: str = "drop",
+    chat_template: str = "auto",
+    verifier: str | None = None,
+) -> tuple[list[tuple[dict, list[int], int, bool]], dict]:
+    """Encode prompt records for the verifier and apply ``completions.too_long`` and ``verifier.chat_template``.
+
+    A truncated prompt keeps room for ``min(max_tokens, max_model_len // 2)`` new tokens (at least one), so its
+    completion is as long as any other prompt's unless that would take more than half the context.
+
+    Args:
+        records: prompt records (``id``, ``messages``).
+        tokenizer: the verifier's tokenizer.
+        max_model_len: the engine's context in tokens.
+        max_tokens: the completion budget (``completions.max_tokens``).
+        too_long: ``drop``, ``truncate`` or ``error`` (see :func:`fit_prompt`).
+        chat_template: ``auto`` or ``required`` (see :func:`check_chat_template`).
+        verifier: the verifier's name for error messages.
+
+    Returns:
+        ``(kept, stats)``: ``kept`` holds ``(record, prompt ids, max new tokens, truncated)`` per prompt sent, in
+        record order; ``stats`` counts ``prompts``, ``kept``, ``dropped_too_long`` (also as ``skipped_too_long``),
+        ``truncated_too_long`` and ``last_user_turn_only`` (prompts sent that were reduced to their last user message,
+        leaving out a system message or earlier turns, because the verifier has no chat template).
+
+    Raises:
+        PromptTooLongError, ChatTemplateError, ValueError: see :func:`fit_prompt` and :func:`check_chat_template`.
+    """
+    if too_long not in TOO_LONG_POLICIES:
+        raise ValueError(f"completions.too_long: unknown policy {too_long!r} (use drop, truncate or error)")
+    templated = check_chat_template(tokenizer, chat_template, verifier)
+    reserve = max(1, min(max_tokens, max_model_len // 2))
+    kept, dropped, truncated, flattened = [], 0, 0, 0
+    for rec in records:
+        ids = encode_prompt(tokenizer, rec["messages"])
+        fitted = fit_prompt(ids, max_model_len, too_long, rec["id"], reserve=reserve)
+        if fitted is None:
+            dropped += 1
+            continue
+        cut = len(fitted) < len(ids)
+        truncated += cut
+        flattened += not templated and len(rec["messages"]) > 1
+        kept.append((rec, fitted, min(max_tokens, max_model_len - len(fitted)), cut))
+    stats = {"prompts": len(records), "kept": len(kept), "dropped_too_long": dropped, "skipped_too_long": dropped,
+             "truncated_too_long": truncated, "last_user_turn_only": flattened}
+    return kept, stats
 
 
 def request_seed(base_seed: int, prompt_id: str) -> int:
@@ -79,6 +242,8 @@ def generate_completions(
     max_model_len: int,
     dtype: str = "auto",
     engine: dict | None = None,
+    too_long: str = "drop",
+    chat_template: str = "auto",
 ) -> tuple[list[dict], dict]:
     """Generate ``samples_per_prompt`` completions per prompt record with the verifier in vLLM's offline engine.
 
@@ -87,15 +252,23 @@ def generate_completions(
         verifier: Hugging Face directory or hub id of the verifier.
         samples_per_prompt, temperature, top_p, max_tokens, seed: sampling settings; on GPUs the per-prompt seed
             is :func:`request_seed` (base seed, prompt id); on CPU ``seed`` seeds the engine.
-        max_model_len: the engine's context in tokens; prompts that leave no room for one new token are skipped
-            and counted.
+        max_model_len: the engine's context in tokens; a prompt that leaves no room for one new token is handled
+            by ``too_long``.
         dtype: verifier weights' dtype in vLLM ("auto", "float32", "bfloat16", ...).
         engine: extra ``vllm.LLM`` keyword arguments.
+        too_long: ``completions.too_long``: ``drop`` (default), ``truncate`` or ``error`` (see :func:`fit_prompt`).
+        chat_template: ``verifier.chat_template``: ``auto`` (default) or ``required`` (see
+            :func:`check_chat_template`).
 
     Returns:
         ``(rows, stats)``: one row per sample with ``id``, ``sample``, ``messages``, ``prompt_token_ids``,
         ``completion_token_ids``, ``prompt_text``, ``completion_text``, ``finish_reason``, ``sampling``,
-        ``vllm_version``, ``chat_template_sha256``; stats counts prompts and skipped (too long) prompts.
+        ``prompt_truncated``, ``vllm_version``, ``chat_template_sha256``; stats are those of
+        :func:`prepare_prompts` plus ``samples``.
+
+    Raises:
+        PromptTooLongError, ChatTemplateError, ValueError: see :func:`prepare_prompts`; raised before any
+            generation.
     """
     import vllm
     from vllm import LLM, SamplingParams
@@ -107,23 +280,16 @@ def generate_completions(
     llm = LLM(**engine_kwargs(verifier, dtype=dtype, max_model_len=max_model_len, seed=seed, extra=engine))
     tokenizer = llm.get_tokenizer()
     template_hash = chat_template_hash(tokenizer)
-    prompts, params, kept = [], [], []
-    skipped = 0
-    for rec in records:
-        ids = encode_prompt(tokenizer, rec["messages"])
-        room = max_model_len - len(ids)
-        if room < 1:
-            skipped += 1
-            continue
-        sp = SamplingParams(n=samples_per_prompt, temperature=temperature, top_p=top_p,
-                            max_tokens=min(max_tokens, room),
-                            seed=request_seed(seed, rec["id"]) if per_request_seed else None)
+    kept, stats = prepare_prompts(records, tokenizer, max_model_len=max_model_len, max_tokens=max_tokens,
+                                  too_long=too_long, chat_template=chat_template, verifier=verifier)
+    prompts, params = [], []
+    for rec, ids, room, _ in kept:
+        params.append(SamplingParams(n=samples_per_prompt, temperature=temperature, top_p=top_p, max_tokens=room,
+                                     seed=request_seed(seed, rec["id"]) if per_request_seed else None))
         prompts.append({"prompt_token_ids": ids})
-        params.append(sp)
-        kept.append((rec, ids, sp))
     outputs = llm.generate(prompts, sampling_params=params, use_tqdm=False) if prompts else []
     rows = []
-    for (rec, ids, sp), out in zip(kept, outputs):
+    for (rec, ids, _, cut), sp, out in zip(kept, params, outputs):
         for j, comp in enumerate(out.outputs):
             rows.append({
                 "id": rec["id"],
@@ -131,6 +297,7 @@ def generate_completions(
                 "messages": rec["messages"],
                 "prompt_token_ids": list(ids),
                 "prompt_text": tokenizer.decode(ids, skip_special_tokens=False),
+                "prompt_truncated": cut,
                 "completion_token_ids": list(comp.token_ids),
                 "completion_text": comp.text,
                 "finish_reason": comp.finish_reason,
@@ -140,4 +307,4 @@ def generate_completions(
                 "chat_template_sha256": template_hash,
             })
     del llm
-    return rows, {"prompts": len(records), "skipped_too_long": skipped, "samples": len(rows)}
+    return rows, {**stats, "samples": len(rows)}

@@ -18,16 +18,31 @@ key                                    dtype        shape
 =====================================  ===========  ==========================================================
 
 The names of the per-sample tensors are those speculators' training data uses (``speculators/train/data.py``).
-File metadata records the aux ids, hidden size, sample count, dtype and verifier.
+File metadata records the aux ids, hidden size, sample count (``num_samples``), token count (``num_tokens``, the
+sum of the ``T``), dtype and verifier.
+
+Two checks find broken shards: :func:`check_shard_header` reads only the safetensors header (cheap enough to run
+over thousands of shards before a build) and catches truncation, missing tensors and inconsistent shapes;
+:func:`validate_shard` also reads the tensors and checks their values.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+from pathlib import Path
 from typing import Any, Iterable
 
 FORMAT = "draftpipe.hidden_states.v1"
 KEYS = ("input_ids", "loss_mask", "hidden_states", "verifier_last_hidden_states")
+
+# safetensors dtype names and their sizes in bytes.
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+_INT_DTYPES = {"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64"}
+_FLOAT_DTYPES = {"F8_E4M3", "F8_E5M2", "F16", "BF16", "F32", "F64"}
+_MAX_HEADER_BYTES = 100_000_000  # the limit the safetensors library itself enforces
 
 
 class ShardError(ValueError):
@@ -143,13 +158,22 @@ def load_verifier_model(path: str, dtype: str = "float32") -> Any:
 
 
 def write_shard(path: str, samples: list[dict], metadata: dict) -> None:
-    """Write samples as one safetensors shard, atomically (see :mod:`draftpipe.io`)."""
+    """Write samples as one safetensors shard, atomically (see :mod:`draftpipe.io`).
+
+    Args:
+        path: destination ``.safetensors`` file.
+        samples: dicts with the four tensors of :data:`KEYS` (dtypes and shapes as in the module docstring).
+        metadata: JSON-serialisable values stored (JSON-encoded) in the file metadata, beside ``format``,
+            ``num_samples`` and ``num_tokens`` which this function records.
+    """
     from safetensors.torch import save_file
 
     from draftpipe.io import atomic_path
 
     tensors = {f"{i:06d}.{k}": s[k] for i, s in enumerate(samples) for k in KEYS}
-    meta = {"format": FORMAT, "num_samples": str(len(samples)), **{k: json.dumps(v) for k, v in metadata.items()}}
+    meta = {"format": FORMAT, "num_samples": str(len(samples)),
+            "num_tokens": str(sum(int(s["input_ids"].numel()) for s in samples)),
+            **{k: json.dumps(v) for k, v in metadata.items()}}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
 
@@ -181,6 +205,197 @@ def read_shard_metadata(path: str) -> dict:
     return out
 
 
+class _Bad(Exception):
+    """Internal: one reason a shard is broken."""
+
+
+def _read_header(path: str) -> tuple[dict, dict, int, int]:
+    """The tensor entries, the metadata, the offset where tensor data starts and the size of a safetensors file,
+    checking the framing on the way.
+
+    Raises:
+        _Bad: the file is unreadable, truncated, its header length is not sane or its header is not JSON.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            prefix = fh.read(8)
+            if len(prefix) < 8:
+                raise _Bad(f"truncated: {size} bytes, shorter than the 8-byte header length")
+            n = int.from_bytes(prefix, "little")
+            if n < 2 or n > _MAX_HEADER_BYTES:
+                raise _Bad(f"header length {n} is not sane (safetensors allows 2..{_MAX_HEADER_BYTES} bytes)")
+            if 8 + n > size:
+                raise _Bad(f"truncated: the header is {n} bytes but only {size - 8} bytes follow its length")
+            raw = fh.read(n)
+    except OSError as exc:
+        raise _Bad(f"unreadable ({exc.strerror or exc})") from exc
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _Bad(f"header is not valid JSON ({exc})") from exc
+    if not isinstance(header, dict):
+        raise _Bad("header is not a JSON object")
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict):
+        raise _Bad("header __metadata__ is not a JSON object")
+    return header, meta, 8 + n, size
+
+
+def _check_layout(header: dict, data_start: int, size: int) -> None:
+    """Every tensor's dtype is known, its byte span matches its shape and lies in the file, the spans tile the
+    data section without gaps or overlaps, and the file ends where the last span does."""
+    spans = []
+    for name, info in header.items():
+        try:
+            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            raise _Bad(f"tensor {name}: malformed header entry {info!r}") from None
+        if dtype not in _DTYPE_BYTES:
+            raise _Bad(f"tensor {name}: unknown dtype {dtype!r}")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise _Bad(f"tensor {name}: malformed shape {shape!r}")
+        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
+            raise _Bad(f"tensor {name}: malformed data_offsets {[begin, end]!r}")
+        if end - begin != math.prod(shape) * _DTYPE_BYTES[dtype]:
+            raise _Bad(f"tensor {name}: {dtype} {shape} needs {math.prod(shape) * _DTYPE_BYTES[dtype]} bytes but "
+                       f"data_offsets span {end - begin}")
+        spans.append((begin, end, name))
+    spans.sort()
+    at = 0
+    for begin, end, name in spans:
+        if begin != at:
+            raise _Bad(f"tensor {name}: data starts at {begin}, expected {at} (gap or overlap)")
+        at = end
+    if data_start + at > size:
+        last = spans[-1][2]
+        raise _Bad(f"truncated: tensor {last} ends at byte {data_start + at} but the file has {size} bytes")
+    if data_start + at < size:
+        raise _Bad(f"{size - data_start - at} trailing bytes after the last tensor")
+
+
+def _check_samples(header: dict, meta: dict, aux_layers: int | None, hidden_size: int | None) -> None:
+    """The tensors are exactly the four per-sample families of ``num_samples`` samples, with the dtype kinds and
+    shapes of the module docstring, consistent sequence lengths, and the recorded token count."""
+    if meta.get("format") != FORMAT:
+        raise _Bad(f"not a draftpipe hidden-state shard (format {meta.get('format')!r})")
+    try:
+        n = int(meta["num_samples"])
+        recorded_tokens = int(meta["num_tokens"]) if "num_tokens" in meta else None
+        if hidden_size is None and "hidden_size" in meta:
+            hidden_size = int(json.loads(meta["hidden_size"]))
+        if aux_layers is None and "aux_layer_ids" in meta:
+            aux_layers = len(json.loads(meta["aux_layer_ids"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _Bad(f"malformed metadata ({type(exc).__name__}: {exc})") from None
+    keys = set(KEYS)
+    for name in header:
+        idx, _, key = name.partition(".")
+        if key not in keys or len(idx) != 6 or not idx.isdigit():
+            raise _Bad(f"unexpected tensor {name}")
+        if int(idx) >= n:
+            raise _Bad(f"tensor {name} is beyond num_samples={n}")
+    if len(header) != n * len(KEYS):
+        missing = [f"{i:06d}.{k}" for i in range(n) for k in KEYS if f"{i:06d}.{k}" not in header]
+        raise _Bad(f"missing tensors {missing[:4]}{'...' if len(missing) > 4 else ''}")
+    tokens = 0
+    for i in range(n):
+        ids, mask, hs, last = (header[f"{i:06d}.{k}"] for k in KEYS)
+        p = f"{i:06d}."
+        if ids["dtype"] not in _INT_DTYPES or mask["dtype"] not in _INT_DTYPES:
+            raise _Bad(f"{p}input_ids/{p}loss_mask: integer dtypes expected, got {ids['dtype']}/{mask['dtype']}")
+        if hs["dtype"] not in _FLOAT_DTYPES or last["dtype"] not in _FLOAT_DTYPES:
+            raise _Bad(f"{p}hidden_states/{p}verifier_last_hidden_states: float dtypes expected, got "
+                       f"{hs['dtype']}/{last['dtype']}")
+        if len(ids["shape"]) != 1 or len(mask["shape"]) != 1 or len(hs["shape"]) != 2 or len(last["shape"]) != 2:
+            raise _Bad(f"sample {i}: ranks {[len(t['shape']) for t in (ids, mask, hs, last)]}, expected [1, 1, 2, 2]")
+        t = ids["shape"][0]
+        if mask["shape"][0] != t or hs["shape"][0] != t or last["shape"][0] != t:
+            raise _Bad(f"sample {i}: sequence lengths differ (input_ids {t}, loss_mask {mask['shape'][0]}, "
+                       f"hidden_states {hs['shape'][0]}, verifier_last_hidden_states {last['shape'][0]})")
+        h, width = last["shape"][1], hs["shape"][1]
+        if hidden_size is not None and h != hidden_size:
+            raise _Bad(f"{p}verifier_last_hidden_states: width {h}, expected hidden size {hidden_size}")
+        if aux_layers is not None and width != aux_layers * h:
+            raise _Bad(f"{p}hidden_states: width {width}, expected {aux_layers} aux layers x {h}")
+        if h == 0 or width % h:
+            raise _Bad(f"{p}hidden_states: width {width} is not a multiple of the hidden size {h}")
+        tokens += t
+    if recorded_tokens is not None and tokens != recorded_tokens:
+        raise _Bad(f"{tokens} tokens in the tensors but the metadata records num_tokens={recorded_tokens}")
+
+
+def check_shard_header(path: str, *, aux_layers: int | None = None, hidden_size: int | None = None) -> str | None:
+    """Cheap structural check of a hidden-state shard from its safetensors header alone (no tensor data is read).
+
+    Checks that the file holds at least the 8-byte header length; the length is sane; the header is JSON; every
+    tensor has a known dtype and a byte span that matches its shape, the spans tile the data section and the
+    file ends exactly where the last one does (so any truncation is found); the metadata is this module's format;
+    the tensors are exactly the :data:`KEYS` of samples ``0 .. num_samples-1``, integer ``input_ids`` and
+    ``loss_mask`` of shape ``[T]``, float ``hidden_states`` ``[T, A*H]`` and ``verifier_last_hidden_states``
+    ``[T, H]`` with one ``T`` per sample; and the ``T`` sum to the metadata's ``num_tokens`` when recorded.
+
+    Args:
+        path: the shard file.
+        aux_layers: expected number of aux layers ``A``; default: the length of the metadata's ``aux_layer_ids``.
+        hidden_size: expected ``H``; default: the metadata's ``hidden_size``.
+
+    Returns:
+        ``None`` when the shard is sound, else a one-line reason (without the path), e.g.
+        ``"truncated: tensor 000003.hidden_states ends at byte 81234 but the file has 65536 bytes"``.
+    """
+    try:
+        header, meta, data_start, size = _read_header(path)
+        _check_layout(header, data_start, size)
+        _check_samples(header, meta, aux_layers, hidden_size)
+    except _Bad as exc:
+        return str(exc)
+    return None
+
+
+def validate_shard(path: str, *, aux_layers: int | None = None, hidden_size: int | None = None) -> None:
+    """Full check of a hidden-state shard: :func:`check_shard_header`, then every tensor's values.
+
+    Reads every tensor (one at a time): ``hidden_states`` and ``verifier_last_hidden_states`` must be finite
+    (no NaN or Inf), ``loss_mask`` must hold only 0 and 1, ``input_ids`` must be non-negative.
+
+    Args:
+        path: the shard file.
+        aux_layers: expected number of aux layers; default from the shard's metadata.
+        hidden_size: expected hidden size; default from the shard's metadata.
+
+    Raises:
+        ShardError: ``"<path>: <reason>"``; the reason names the offending tensor key for value errors.
+    """
+    import torch
+    from safetensors import safe_open
+
+    reason = check_shard_header(path, aux_layers=aux_layers, hidden_size=hidden_size)
+    if reason is not None:
+        raise ShardError(f"{path}: {reason}")
+    try:
+        with safe_open(path, framework="pt") as fh:
+            for key in sorted(fh.keys()):
+                t = fh.get_tensor(key)
+                kind = key.partition(".")[2]
+                if kind in ("hidden_states", "verifier_last_hidden_states"):
+                    bad = int((~torch.isfinite(t)).sum())
+                    if bad:
+                        raise ShardError(f"{path}: {key}: {bad} non-finite values (NaN or Inf)")
+                elif kind == "loss_mask":
+                    bad = int(((t != 0) & (t != 1)).sum())
+                    if bad:
+                        raise ShardError(f"{path}: {key}: {bad} values other than 0 and 1")
+                elif kind == "input_ids":
+                    bad = int((t < 0).sum())
+                    if bad:
+                        raise ShardError(f"{path}: {key}: {bad} negative token ids")
+    except ShardError:
+        raise
+    except Exception as exc:  # I/O errors while reading tensor data
+        raise ShardError(f"{path}: unreadable tensor data ({exc})") from exc
+
+
 def iter_shard(path: str):
     """Yield each sample of a shard as a dict of tensors (names and shapes as in the module docstring)."""
     from safetensors import safe_open
@@ -189,3 +404,49 @@ def iter_shard(path: str):
     with safe_open(path, framework="pt") as fh:
         for i in range(meta["num_samples"]):
             yield {k: fh.get_tensor(f"{i:06d}.{k}") for k in KEYS}
+
+
+def check_shards_cached(paths: Iterable[str], cache_file: str | os.PathLike, **expect: int | None) -> dict[str, str]:
+    """:func:`check_shard_header` over many shards, remembering the shards that passed.
+
+    A shard that passed before is not read again while its size, mtime and inode are unchanged, so a no-op dry run
+    over thousands of shards costs one ``stat`` each. Used when the workflow is parsed, to find truncated or
+    corrupt shards before Snakemake decides what to rebuild.
+
+    Args:
+        paths: shard files; missing ones are skipped.
+        cache_file: JSON file of the shards that passed (written atomically; a damaged cache is ignored).
+        expect: ``aux_layers`` and ``hidden_size`` passed to :func:`check_shard_header`.
+
+    Returns:
+        ``{path: reason}`` for each shard that fails the header check (empty when all pass).
+    """
+    from draftpipe.io import write_json
+
+    cache_path = Path(cache_file)
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    tag = json.dumps(expect, sort_keys=True)
+    bad, fresh = {}, {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            continue
+        key = [st.st_size, st.st_mtime_ns, st.st_ino, tag]
+        if cache.get(p) == key:
+            fresh[p] = key
+            continue
+        reason = check_shard_header(p, **expect)
+        if reason is None:
+            fresh[p] = key
+        else:
+            bad[p] = reason
+    if fresh != cache:
+        try:
+            write_json(cache_path, fresh)
+        except OSError:
+            pass  # a read-only results tree still gets checked, just not remembered
+    return bad

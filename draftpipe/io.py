@@ -36,9 +36,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp_path, 0o666 & ~umask)
     try:
         yield tmp_path
+        # the writer may have replaced the file (safetensors does): give the artifact the umask's mode, not
+        # mkstemp's 0600, so that others on a shared node can read it
+        os.chmod(tmp_path, 0o666 & ~umask)
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, dest)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -78,3 +79,47 @@ def format_plan(p: dict) -> str:
             f"<= {p['tokens_per_sample']} tokens = {p['train_tokens']:,} tokens; hidden states "
             f"({p['aux_states']} x {p['hidden_size']} x {p['dtype']} per token) {human(p['hidden_state_bytes'])}; "
             f"completions {human(p['completion_bytes'])}; disk needed {human(p['disk_bytes'])}")
+
+
+class DiskSpaceError(RuntimeError):
+    """The planned hidden-state shards do not fit on the disk that holds them."""
+
+
+def free_bytes(path: str | Path) -> tuple[int, Path]:
+    """Free bytes on the file system that holds ``path`` (or its nearest existing parent), and that parent."""
+    p = Path(path).absolute()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free, p
+
+
+def check_disk(p: dict, shard_dir: str | Path, missing_shards: int, num_shards: int,
+               free: int | None = None) -> int:
+    """Refuse to start when the hidden-state shards still to be written cannot fit on their disk.
+
+    The need is the plan's upper bound (:func:`plan`: tokens x (aux layers + 1) x hidden size x bytes per value,
+    plus token ids and loss mask), prorated to the shards that do not exist yet.
+
+    Args:
+        p: the output of :func:`plan`.
+        shard_dir: where the shards go (``results/hidden_states``).
+        missing_shards, num_shards: shards still to build, shards in all.
+        free: free bytes to check against (default: measured on ``shard_dir``'s file system).
+
+    Returns:
+        the bytes needed (0 when nothing is missing).
+
+    Raises:
+        DiskSpaceError: need > free; the message says how much is needed, how much is free and where.
+    """
+    need = int(p["hidden_state_bytes"] * missing_shards / max(num_shards, 1))
+    where = Path(shard_dir)
+    if free is None:
+        free, where = free_bytes(shard_dir)
+    if need > free:
+        raise DiskSpaceError(
+            f"hidden states need {human(need)} for {missing_shards} of {num_shards} shards "
+            f"({p['train_tokens']:,} tokens x {p['aux_states']} states x {p['hidden_size']} x {p['dtype']}, "
+            f"an upper bound) but {where} has {human(free)} free; free space, lower prompts/samples_per_prompt/"
+            f"max_tokens, or set hidden_states.disk_check: false")
+    return need

@@ -8,19 +8,38 @@ another split or shard.
 
 Accepted source formats (chosen by file suffix; ``.gz`` is decompressed):
 
-- ``.jsonl``: one JSON object per line;
+- ``.jsonl``: one JSON object per line (blank lines are skipped, a UTF-8 byte-order mark is ignored);
 - ``.json``: a JSON array of objects;
 - ``.parquet``: one object per row (read with pandas).
 
 Accepted record shapes (the first key found wins, unless the source names ``field``):
 
-- ``messages``: OpenAI chat, ``[{"role": "user"|"assistant"|"system", "content": str}, ...]``;
+- ``messages``: OpenAI chat, ``[{"role": "user"|"assistant"|"system", "content": str}, ...]``; ``content`` may
+  also be a list of text parts ``[{"type": "text", "text": str}, ...]``, which are joined;
 - ``conversations``: ShareGPT, ``[{"from": "human"|"gpt"|"system", "value": str}, ...]``;
 - ``turns``: MT-bench, a list of user turns; only the first turn is kept (later turns need the verifier's
   answers to the earlier ones);
 - ``prompt`` (or ``field``): plain text, taken as one user turn.
 
 Trailing assistant turns are removed: the verifier regenerates the answer (EAGLE-3 data regeneration).
+
+What is an error and what is dropped. The loader is lenient on data and strict on structure:
+
+- *dropped and counted* (``PromptStats.empty``, with the first locations in ``PromptStats.empty_at``): a record
+  whose structure is valid but that holds no prompt to answer: an empty or whitespace-only prompt, an empty
+  ``messages``/``conversations``/``turns`` list, or a conversation with no user turn left after the trailing
+  assistant turns are removed;
+- *dropped and counted* (``PromptStats.duplicates``): a prompt whose content id was already kept (first occurrence
+  wins, across all sources);
+- *errors* (:class:`PromptFormatError`, the message starts with ``file:line:``, or ``file: row N:`` for parquet):
+  a line that is not JSON or not UTF-8, a record that is not an object, a record with none of the accepted keys,
+  a prompt or message of the wrong type, an unknown role, a truncated or corrupt ``.gz`` file, a source with no
+  records at all, an unknown suffix, and an explicit ``id`` field used twice in one source for different prompts.
+
+Explicit ``id`` fields in a source are not the record id (ids are content hashes), but they are checked: within one
+source, the same ``id`` on two different prompts is an error naming both lines (the source is inconsistent); the
+same ``id`` on the same prompt is an ordinary duplicate. Different sources may reuse ids (datasets number their
+records alike).
 """
 
 from __future__ import annotations
@@ -29,6 +48,8 @@ import gzip
 import hashlib
 import io
 import json
+import re
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +61,11 @@ ROLE_ALIASES = {
     "system": "system",
 }
 SHAPE_KEYS = ("messages", "conversations", "turns", "prompt")
+SUFFIXES = (".jsonl", ".json", ".parquet")
+#: how many locations of dropped empty prompts :class:`PromptStats` keeps
+MAX_EMPTY_AT = 10
+
+_WS = re.compile(r"[ \t\n\r]*")
 
 
 class PromptFormatError(ValueError):
@@ -48,12 +74,19 @@ class PromptFormatError(ValueError):
 
 @dataclass
 class PromptStats:
-    """Counts of what happened to the records of all sources."""
+    """Counts of what happened to the records of all sources.
+
+    ``read``: records read; ``empty``: records dropped because they hold no prompt (see the module docstring);
+    ``duplicates``: records dropped because their content id was already kept; ``kept``: records returned;
+    ``empty_at``: ``file:line`` of the first :data:`MAX_EMPTY_AT` empty records; ``per_source``: the counts of
+    each source, keyed by its path.
+    """
 
     read: int = 0
     empty: int = 0
     duplicates: int = 0
     kept: int = 0
+    empty_at: list = field(default_factory=list)
     per_source: dict = field(default_factory=dict)
 
 
@@ -78,67 +111,177 @@ def shard_of(pid: str, num_shards: int) -> int:
     return int(hashlib.sha256(f"shard:{pid}".encode("utf-8")).hexdigest()[:15], 16) % num_shards
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline=None)
+def json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type (``object``, ``array``, ``string``, ``number``, ``boolean``, ``null``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    return type(value).__name__
 
 
 def _base_suffix(path: Path) -> str:
     return Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
 
 
+def _gzip_error(path: Path, lineno: int | None, exc: BaseException) -> PromptFormatError:
+    where = f"{path}:{lineno}" if lineno is not None else str(path)
+    what = "truncated" if isinstance(exc, EOFError) else "corrupt"
+    return PromptFormatError(f"{where}: gzip file is {what} ({exc})")
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The bytes of a source, decompressed when it ends in ``.gz``; gzip errors become :class:`PromptFormatError`."""
+    if path.suffix != ".gz":
+        return path.read_bytes()
+    try:
+        with gzip.open(path, "rb") as fh:
+            return fh.read()
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise _gzip_error(path, None, exc) from exc
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    lineno = 0
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as fh:
+        lines = iter(fh)
+        while True:
+            try:
+                raw = next(lines)
+            except StopIteration:
+                return
+            except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+                raise _gzip_error(path, lineno + 1, exc) from exc
+            lineno += 1
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise PromptFormatError(
+                    f"{path}:{lineno}: not valid UTF-8 at byte {exc.start + 1} of the line ({exc.reason})"
+                ) from exc
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line.rstrip("\r\n"))  # an error at the line end is at its last column, not on "line 2"
+            except json.JSONDecodeError as exc:
+                raise PromptFormatError(
+                    f"{path}:{lineno}: malformed JSON line ({_json_reason(exc)})"
+                ) from exc
+            yield lineno, obj
+
+
+def _iter_json_array(path: Path) -> Iterator[tuple[int, Any]]:
+    """Items of a JSON array with the line each starts on (errors carry the line too)."""
+    data = _read_bytes(path)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0
+        lineno = data.count(b"\n", 0, exc.start + bom) + 1
+        raise PromptFormatError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason})") from exc
+    decoder = json.JSONDecoder()
+    line, counted = 1, 0
+
+    def line_at(pos: int) -> int:
+        nonlocal line, counted
+        line += text.count("\n", counted, pos)
+        counted = pos
+        return line
+
+    try:
+        i = _WS.match(text, 0).end()
+        if not text.startswith("[", i):
+            obj = json.loads(text)
+            raise PromptFormatError(f"{path}: a .json prompt source must be an array of records, got {json_type(obj)}")
+        i = _WS.match(text, i + 1).end()
+        if text.startswith("]", i):
+            i += 1
+        else:
+            while True:
+                obj, end = decoder.raw_decode(text, i)
+                yield line_at(i), obj
+                i = _WS.match(text, end).end()
+                if text.startswith(",", i):
+                    i = _WS.match(text, i + 1).end()
+                elif text.startswith("]", i):
+                    i += 1
+                    break
+                else:
+                    raise json.JSONDecodeError("Expecting ',' delimiter", text, i)
+        i = _WS.match(text, i).end()
+        if i != len(text):
+            raise json.JSONDecodeError("Extra data", text, i)
+    except json.JSONDecodeError as exc:
+        raise PromptFormatError(f"{path}:{exc.lineno}: malformed JSON ({_json_reason(exc)})") from exc
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    import pandas as pd  # lazy: only parquet sources need it
+
+    try:
+        frame = pd.read_parquet(io.BytesIO(_read_bytes(path)))
+    except PromptFormatError:
+        raise
+    except Exception as exc:  # pyarrow's errors (ArrowInvalid, ...) are not a common base class
+        raise PromptFormatError(f"{path}: not a readable parquet file ({type(exc).__name__}: {exc})") from exc
+    for i, row in enumerate(frame.to_dict(orient="records"), start=1):
+        yield i, {k: _to_python(v) for k, v in row.items()}
+
+
+def _json_reason(exc: json.JSONDecodeError) -> str:
+    """``<decoder message> at column N``; some messages already end in "at" ("Unterminated string starting at")."""
+    msg = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg
+    return f"{msg} at column {exc.colno}"
+
+
 def iter_source_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
     """Yield ``(line_or_row_number, object)`` for each record of a source file (1-based numbers).
 
+    ``.jsonl`` and ``.json`` yield the line a record starts on; ``.parquet`` yields the row number.
+
     Raises:
         FileNotFoundError: the file does not exist.
-        PromptFormatError: a JSONL line is not valid JSON or not UTF-8 (naming file and line), a JSON file
-            is not an array, or the suffix is not one of ``.jsonl``, ``.json``, ``.parquet`` (optionally ``.gz``).
+        PromptFormatError: a line is not valid JSON or not UTF-8 (naming file and line), a ``.json`` file is not
+            an array, a ``.gz`` file is truncated or corrupt, a parquet file cannot be read, or the suffix is not
+            one of ``.jsonl``, ``.json``, ``.parquet`` (optionally followed by ``.gz``).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prompt source {path} does not exist")
     suffix = _base_suffix(path)
     if suffix == ".jsonl":
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, start=1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise PromptFormatError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason})") from exc
-                if not line.strip():
-                    continue
-                try:
-                    yield lineno, json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise PromptFormatError(
-                        f"{path}:{lineno}: malformed JSON line ({exc.msg} at column {exc.colno})"
-                    ) from exc
+        yield from _iter_jsonl(path)
     elif suffix == ".json":
-        try:
-            with _open_text(path) as fh:
-                data = json.load(fh)
-        except UnicodeDecodeError as exc:
-            raise PromptFormatError(f"{path}: not valid UTF-8 ({exc.reason})") from exc
-        except json.JSONDecodeError as exc:
-            raise PromptFormatError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from exc
-        if not isinstance(data, list):
-            raise PromptFormatError(f"{path}: a .json prompt source must be an array of records")
-        for i, obj in enumerate(data, start=1):
-            yield i, obj
+        yield from _iter_json_array(path)
     elif suffix == ".parquet":
-        import pandas as pd
-
-        frame = pd.read_parquet(path)
-        for i, row in enumerate(frame.to_dict(orient="records"), start=1):
-            yield i, {k: _to_python(v) for k, v in row.items()}
+        yield from _iter_parquet(path)
     else:
-        raise PromptFormatError(f"{path}: unknown prompt source format {suffix!r} (use .jsonl, .json or .parquet)")
+        raise PromptFormatError(
+            f"{path}: unknown prompt source format {suffix or path.name!r} (use .jsonl, .json or .parquet, "
+            "optionally followed by .gz)"
+        )
+
+
+def source_location(path: str | Path, number: int) -> str:
+    """How messages name record ``number`` of a source: ``file:line``, or ``file: row N`` for parquet."""
+    path = Path(path)
+    return f"{path}: row {number}" if _base_suffix(path) == ".parquet" else f"{path}:{number}"
 
 
 def _to_python(value: Any) -> Any:
-    """Turn numpy arrays/scalars from a parquet row into plain lists and scalars."""
+    """Turn numpy arrays/scalars from a parquet row into plain lists and scalars; a missing value becomes ``None``."""
+    if value is None or type(value).__name__ == "NAType" or (isinstance(value, float) and value != value):
+        return None
     if hasattr(value, "tolist"):
         return _to_python(value.tolist())
     if isinstance(value, list):
@@ -146,6 +289,23 @@ def _to_python(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_python(v) for k, v in value.items()}
     return value
+
+
+def _content_text(content: Any, where: str, at: str) -> str:
+    """A message's content as text: a string, or the joined ``text`` of a list of OpenAI text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for k, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else json_type(part)
+                raise PromptFormatError(
+                    f"{where}: {at} content[{k}] is not a text part ({kind!r}); only text prompts are supported"
+                )
+            parts.append(part["text"])
+        return "".join(parts)
+    raise PromptFormatError(f"{where}: {at} content must be a string or a list of text parts, got {json_type(content)}")
 
 
 def normalise_record(obj: Any, where: str, text_field: str | None = None) -> list[dict]:
@@ -157,42 +317,48 @@ def normalise_record(obj: Any, where: str, text_field: str | None = None) -> lis
         text_field: if given, the key holding plain prompt text (overrides shape detection).
 
     Returns:
-        The messages; an empty list when the prompt is empty or whitespace only (the caller drops it).
+        The messages; an empty list when the record holds no prompt to answer (an empty or whitespace-only
+        prompt, an empty message list, no user turn after the trailing assistant turns): the caller drops it.
 
     Raises:
         PromptFormatError: naming ``where`` when the record is not an object, has none of the accepted keys,
-            or has a malformed message list.
+            or has a prompt or message list of the wrong type or with an unknown role.
     """
     if not isinstance(obj, dict):
-        raise PromptFormatError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        raise PromptFormatError(f"{where}: expected a JSON object, got {json_type(obj)}")
     keys = (text_field,) if text_field else SHAPE_KEYS
     key = next((k for k in keys if k in obj), None)
     if key is None:
-        wanted = f"{text_field!r}" if text_field else "one of " + ", ".join(repr(k) for k in SHAPE_KEYS)
-        raise PromptFormatError(f"{where}: record has none of the keys {wanted} (found {sorted(obj)})")
+        found = ", ".join(repr(k) for k in sorted(obj)) or "none"
+        if text_field:
+            raise PromptFormatError(f"{where}: record has no key {text_field!r} (its keys: {found})")
+        wanted = ", ".join(repr(k) for k in SHAPE_KEYS)
+        raise PromptFormatError(f"{where}: record has none of the keys {wanted} (its keys: {found})")
     value = obj[key]
     if key in ("prompt", text_field) and key not in ("messages", "conversations", "turns"):
         if not isinstance(value, str):
-            raise PromptFormatError(f"{where}: {key!r} must be a string, got {type(value).__name__}")
+            raise PromptFormatError(f"{where}: {key!r} must be a string, got {json_type(value)}")
         messages = [{"role": "user", "content": value}]
     elif key == "turns":
-        if not isinstance(value, list) or not value or not isinstance(value[0], str):
-            raise PromptFormatError(f"{where}: 'turns' must be a non-empty list of strings")
-        messages = [{"role": "user", "content": value[0]}]
+        if not isinstance(value, list) or (value and not isinstance(value[0], str)):
+            raise PromptFormatError(f"{where}: 'turns' must be a list of strings")
+        messages = [{"role": "user", "content": value[0]}] if value else []
     else:
         if not isinstance(value, list):
-            raise PromptFormatError(f"{where}: {key!r} must be a list of messages")
+            raise PromptFormatError(f"{where}: {key!r} must be a list of messages, got {json_type(value)}")
         messages = []
         for j, msg in enumerate(value):
+            at = f"{key}[{j}]"
             if not isinstance(msg, dict):
-                raise PromptFormatError(f"{where}: {key}[{j}] must be an object")
+                raise PromptFormatError(f"{where}: {at} must be an object, got {json_type(msg)}")
             role = msg.get("role", msg.get("from"))
+            if role is None:
+                raise PromptFormatError(f"{where}: {at} has no 'role' (or 'from')")
+            if not isinstance(role, str) or role.lower() not in ROLE_ALIASES:
+                accepted = ", ".join(sorted(ROLE_ALIASES))
+                raise PromptFormatError(f"{where}: {at} has unknown role {role!r} (accepted: {accepted})")
             content = msg.get("content", msg.get("value"))
-            if role is None or str(role).lower() not in ROLE_ALIASES:
-                raise PromptFormatError(f"{where}: {key}[{j}] has unknown role {role!r}")
-            if not isinstance(content, str):
-                raise PromptFormatError(f"{where}: {key}[{j}] content must be a string")
-            messages.append({"role": ROLE_ALIASES[str(role).lower()], "content": content})
+            messages.append({"role": ROLE_ALIASES[role.lower()], "content": _content_text(content, where, at)})
     while messages and messages[-1]["role"] == "assistant":
         messages.pop()
     if not messages or messages[-1]["role"] != "user" or not messages[-1]["content"].strip():
@@ -210,25 +376,41 @@ def load_prompts(sources: Iterable[dict]) -> tuple[list[dict], PromptStats]:
         ``(records, stats)``; records are sorted by id.
 
     Raises:
-        FileNotFoundError, PromptFormatError: see :func:`iter_source_rows` and :func:`normalise_record`.
+        FileNotFoundError: a source does not exist.
+        PromptFormatError: see :func:`iter_source_rows` and :func:`normalise_record`; also a source with no
+            records at all, and an explicit ``id`` used twice in one source for different prompts (naming both
+            lines).
     """
     stats = PromptStats()
     seen: dict[str, dict] = {}
     for src in sources:
         path = Path(src["path"])
         counts = Counter()
-        for lineno, obj in iter_source_rows(path):
+        explicit_ids: dict[str, tuple[str, str]] = {}
+        for number, obj in iter_source_rows(path):
             counts["read"] += 1
-            messages = normalise_record(obj, f"{path}:{lineno}", src.get("field"))
+            where = source_location(path, number)
+            messages = normalise_record(obj, where, src.get("field"))
             if not messages:
                 counts["empty"] += 1
+                if len(stats.empty_at) < MAX_EMPTY_AT:
+                    stats.empty_at.append(where)
                 continue
             pid = prompt_id(messages)
+            if obj.get("id") is not None:
+                key = json.dumps(obj["id"], sort_keys=True)
+                first = explicit_ids.setdefault(key, (where, pid))
+                if first[1] != pid:
+                    raise PromptFormatError(
+                        f"{where}: id {obj['id']!r} was already used for a different prompt at {first[0]}"
+                    )
             if pid in seen:
                 counts["duplicates"] += 1
                 continue
-            seen[pid] = {"id": pid, "messages": messages, "source": str(path), "line": lineno}
+            seen[pid] = {"id": pid, "messages": messages, "source": str(path), "line": number}
             counts["kept"] += 1
+        if not counts["read"]:
+            raise PromptFormatError(f"{path}: the prompt source has no records")
         stats.per_source[str(path)] = dict(counts)
         stats.read += counts["read"]
         stats.empty += counts["empty"]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
+import dis
 import importlib.util
 import logging
 import os
 import sys
 from pathlib import Path
+from typing import Callable
+
+_STARTED_AT_ENV = "DRAFTPIPE_JOB_STARTED_AT"
 
 
 def ml_python() -> str:
@@ -63,14 +68,115 @@ def engine_parallelism(gpus: int) -> dict:
     return {"tensor_parallel_size": int(gpus)} if int(gpus) > 1 else {}
 
 
+def _outermost_frame():
+    """The bottom Python frame of this thread: the ``__main__`` module code of a script run as ``python file``."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None:
+        frame = frame.f_back
+    return frame
+
+
+_RETURNS = {dis.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST") if name in dis.opmap}
+
+
+def _ran_to_end(frame) -> bool:
+    """Whether ``frame`` finished by returning, not by an exception unwinding it (``SystemExit`` included).
+
+    A finished frame keeps the offset of the last instruction it executed (``f_lasti``): a return instruction
+    when it ran to its end, the raising instruction (a call of ``sys.exit``, a ``raise``, ...) otherwise.
+    """
+    lasti = frame.f_lasti
+    code = frame.f_code.co_code
+    return 0 <= lasti < len(code) and code[lasti] in _RETURNS
+
+
+class _ScriptOutcome:
+    """Runs callbacks at interpreter exit only if this process's main script ran to its end.
+
+    Failure is any uncaught exception (recorded by a wrapped ``sys.excepthook``) or any ``SystemExit`` that
+    ended the script early, whatever its code (seen from the main frame, which did not run to its end; an
+    early ``sys.exit(0)`` therefore counts as not finished). A process forked from this one (vLLM's workers, a
+    ``multiprocessing`` pool) never runs the callbacks: the pid is compared. ``os._exit`` and fatal signals skip
+    ``atexit`` altogether.
+    """
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.frame = _outermost_frame()
+        self.failure: str | None = None
+        self.callbacks: list[Callable[[], None]] = []
+        previous = sys.excepthook
+
+        def excepthook(exc_type, exc, tb):
+            if os.getpid() == self.pid:
+                self.failure = exc_type.__name__
+            previous(exc_type, exc, tb)
+
+        sys.excepthook = excepthook
+        atexit.register(self._at_exit)
+
+    def succeeded(self) -> bool:
+        """True in the registering process when no uncaught exception was seen and the main frame returned."""
+        return os.getpid() == self.pid and self.failure is None and _ran_to_end(self.frame)
+
+    def _at_exit(self) -> None:
+        if os.getpid() != self.pid:
+            return
+        if not self.succeeded():
+            print(f"draftpipe: the job script did not finish ({self.failure or 'exited early'}); no manifests "
+                  "written", file=sys.stderr, flush=True)
+            return
+        for callback in self.callbacks:
+            try:
+                callback()
+            except Exception:
+                logging.getLogger("draftpipe.runtime").exception("exit callback %r failed", callback)
+
+
+_OUTCOME: _ScriptOutcome | None = None
+
+
+def on_successful_exit(callback: Callable[[], None]) -> None:
+    """Run ``callback()`` at interpreter exit if, and only if, this process's main script ran to its end.
+
+    Call it from the main script's process (not from a worker). Callbacks run in registration order, after
+    the ``atexit`` handlers registered later (vLLM's engine shutdown, for one); an exception in one is logged
+    and does not change the exit status.
+    """
+    global _OUTCOME
+    if _OUTCOME is None or _OUTCOME.pid != os.getpid():
+        _OUTCOME = _ScriptOutcome()
+    _OUTCOME.callbacks.append(callback)
+
+
 def start_job(smk) -> None:
     """What every job script does first, given Snakemake's ``snakemake`` object: continue in the ML environment
     (:func:`ensure_ml_python`), send output to the rule's log, take the job's own GPUs (``resources.gpu``,
-    :func:`draftpipe.gpus.hold`) and use the job's ``threads`` in torch."""
+    :func:`draftpipe.gpus.hold`), use the job's ``threads`` in torch, remove the outputs' previous provenance
+    manifests and write new ones when the script has run to its end (:func:`draftpipe.provenance.write_manifests`;
+    nothing is written when it fails or exits early)."""
+    started_at = os.environ.get(_STARTED_AT_ENV)
+    if not started_at:
+        from draftpipe.provenance import now_iso
+
+        started_at = now_iso()
+        os.environ[_STARTED_AT_ENV] = started_at  # survives the re-exec below
     ensure_ml_python()
+    os.environ.pop(_STARTED_AT_ENV, None)
     redirect_output(smk.log[0] if smk.log else None)
     from draftpipe.gpus import hold
 
     hold(int(getattr(smk.resources, "gpu", 0) or 0))
     if importlib.util.find_spec("torch") is not None:
         limit_threads(smk.threads)
+    from draftpipe.provenance import remove_manifests
+
+    remove_manifests(smk)  # Snakemake has removed the outputs they described
+    on_successful_exit(lambda: _write_manifests(smk, started_at))
+
+
+def _write_manifests(smk, started_at: str) -> None:
+    from draftpipe.provenance import write_manifests
+
+    written = write_manifests(smk, started_at)
+    print(f"draftpipe: wrote {len(written)} provenance manifest(s)", file=sys.stderr, flush=True)

@@ -3,8 +3,11 @@ import json
 import os
 import sys
 
-from draftpipe.plan import format_plan, plan
+from draftpipe.plan import DiskSpaceError, check_disk, format_plan, plan
 
+from draftpipe.fingerprint import prompt_fingerprints
+from draftpipe.hidden_states import check_shards_cached
+from draftpipe.provenance import quarantine
 from draftpipe.config import ConfigError, check_config, verifier_identity
 from draftpipe.verifier import VerifierNotFoundError, resolve_verifier
 
@@ -48,9 +51,29 @@ LIVE_CHECK = bool(_live)
 
 SHARDS = [f"{i:05d}" for i in range(config["prompts"]["num_shards"])]
 
+# What each part of the prompt set (training shards, eval split) will hold, known before any job runs: a part's
+# job is planned when its fingerprint changes (see draftpipe/fingerprint.py and rules/prompts.smk).
+try:
+    PROMPTS_FP = prompt_fingerprints(
+        config["prompts"]["sources"],
+        config["prompts"]["eval_fraction"],
+        config["prompts"]["num_shards"],
+        config["prompts"]["split_seed"],
+    )
+except (OSError, ValueError) as exc:
+    raise WorkflowError(f"prompt source error: {exc}")
+
+
+def prompt_part_fp(wildcards):
+    """Fingerprint of the records of prompt-set part `wildcards.part` (`train_NNNNN` or `eval`)."""
+    if wildcards.part == "eval":
+        return PROMPTS_FP["eval"]
+    return PROMPTS_FP["train"][int(wildcards.part[6:])]
+
 
 wildcard_constraints:
     shard=r"\d{5}",
+    part=r"train_\d{5}|eval",
 
 
 def verifier_files(wildcards=None):
@@ -94,4 +117,25 @@ def stage_resources(stage):
 
 
 if workflow.is_main_process:
-    print(format_plan(plan(config, {**DERIVED, "hidden_size": DERIVED["hidden_size"]})), file=sys.stderr)
+    # A truncated or corrupt hidden-state shard (a disk error, a copy cut short) is moved aside before Snakemake
+    # plans, so that it is rebuilt instead of trained on. Shards that passed are remembered by size/mtime/inode.
+    _bad = check_shards_cached(hidden_shards(), ".snakemake/draftpipe/shard_headers.json")
+    if _bad:
+        for _src, _dst in quarantine(list(_bad), "results"):
+            if _src.name.endswith(".safetensors"):
+                print(f"draftpipe: {_src} is corrupt ({_bad[str(_src)]}); moved to {_dst}, it will be rebuilt",
+                      file=sys.stderr)
+
+    PLAN = plan(config, {**DERIVED, "hidden_size": DERIVED["hidden_size"]})
+    print(format_plan(PLAN), file=sys.stderr)
+
+
+def check_disk_before_start():
+    """`onstart`: refuse to run when the hidden-state shards this run will write cannot fit (not in dry runs)."""
+    if not config["hidden_states"]["disk_check"]:
+        return
+    todo = sum(1 for job in workflow.dag.needrun_jobs() if job.rule.name == "hidden_states")
+    try:
+        check_disk(PLAN, "results/hidden_states", todo, len(SHARDS))
+    except DiskSpaceError as exc:
+        raise WorkflowError(f"not enough disk: {exc}")

@@ -10,6 +10,7 @@ rule completions:
         verifier_id=VERIFIER_ID,
         sampling=canon(config["completions"]),
         max_model_len=config["verifier"]["max_model_len"],
+        chat_template=config["verifier"]["chat_template"],
         dtype=config["verifier"]["dtype"],
     log:
         "results/logs/completions/train_{shard}.log",

@@ -1,20 +1,39 @@
-# Stage 1: prompt set. Every source is read, normalised, deduplicated, split and sharded by content id.
-rule prompt_set:
-    input:
-        sources=[s["path"] for s in config["prompts"]["sources"]],
+# Stage 1: prompt set. Sources are read, normalised, deduplicated, split and sharded by content id.
+# One job per part (each training shard, the eval split) so that a change to the sources rewrites only the parts
+# whose prompts changed. A part's content is known when the workflow is parsed (PROMPTS_FP, rules/common.smk):
+# the job is planned when that fingerprint changes, not when a source file is touched, renamed or grows elsewhere.
+rule prompt_shard:
     output:
-        train=expand("results/prompts/train_{shard}.jsonl", shard=SHARDS),
-        eval="results/prompts/eval.jsonl",
-        stats="results/prompts/stats.json",
+        "results/prompts/{part}.jsonl",
     params:
-        sources=canon(config["prompts"]["sources"]),
+        fingerprint=prompt_part_fp,  # SHA-256 of the part's records: what this artifact holds
         eval_fraction=config["prompts"]["eval_fraction"],
         split_seed=config["prompts"]["split_seed"],
         num_shards=config["prompts"]["num_shards"],
+    log:
+        "results/logs/prompts/{part}.log",
+    benchmark:
+        "results/benchmarks/prompts/{part}.tsv"
+    threads: 1
+    localrule: True
+    script:
+        "../scripts/prompt_shard.py"
+
+
+# Counts of what the sources held (read, empty, duplicates, kept, per source); nothing downstream reads it.
+rule prompt_set:
+    input:
+        sources=[s["path"] for s in config["prompts"]["sources"]],
+        parts=expand("results/prompts/train_{shard}.jsonl", shard=SHARDS) + ["results/prompts/eval.jsonl"],
+    output:
+        stats="results/prompts/stats.json",
+    params:
+        sources=canon(config["prompts"]["sources"]),
     log:
         "results/logs/prompt_set.log",
     benchmark:
         "results/benchmarks/prompt_set.tsv"
     threads: 1
+    localrule: True
     script:
         "../scripts/prompt_set.py"

@@ -3,12 +3,13 @@ if VERIFIER["kind"] == "gguf":
 
     rule verifier:
         input:
-            gguf=VERIFIER["path"],
+            gguf=ancient(VERIFIER["path"]),  # tracked by content: params.verifier_id (SHA-256 of the file)
         output:
             config="results/verifier/config.json",
             weights="results/verifier/model.safetensors",
             tokenizer="results/verifier/tokenizer.json",
         params:
+            verifier_id=VERIFIER_ID,
             head_dim=config["verifier"]["gguf_head_dim"],
             max_position_embeddings=config["verifier"]["gguf_max_position_embeddings"],
         log:

@@ -19,6 +19,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         read_jsonl(snakemake.input.prompts), p.verifier,
         samples_per_prompt=s["samples_per_prompt"], temperature=s["temperature"], top_p=s["top_p"],
         max_tokens=s["max_tokens"], seed=s["seed"], max_model_len=p.max_model_len, dtype=p.dtype,
+        too_long=s["too_long"], chat_template=p.chat_template,
         engine=engine_parallelism(snakemake.resources.gpu),
     )
     write_jsonl(snakemake.output[0], rows)

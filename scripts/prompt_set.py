@@ -1,4 +1,4 @@
-"""Rule `prompt_set`: sources -> deduplicated chat records, train shards by id, one eval file."""
+"""Rule `prompt_set`: counts of what the prompt sources held (read, empty, duplicates, kept, per part)."""
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -9,16 +9,13 @@ from draftpipe.runtime import start_job
 
 start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 
-from draftpipe.io import write_json, write_jsonl
-from draftpipe.prompts import load_prompts, split_and_shard
+from draftpipe.io import read_jsonl, write_json
+from draftpipe.prompts import load_prompts
 
-p = snakemake.params
-records, stats = load_prompts(p.sources)
-shards, evals = split_and_shard(records, p.eval_fraction, p.num_shards, p.split_seed)
-for path, shard in zip(snakemake.output.train, shards):
-    write_jsonl(path, shard)
-write_jsonl(snakemake.output.eval, evals)
-summary = {**asdict(stats), "train": sum(len(s) for s in shards), "eval": len(evals),
-           "train_per_shard": [len(s) for s in shards]}
+records, stats = load_prompts(snakemake.params.sources)
+parts = {Path(path).stem: len(read_jsonl(path)) for path in snakemake.input.parts}
+train = {k: v for k, v in parts.items() if k.startswith("train_")}
+summary = {**asdict(stats), "train": sum(train.values()), "eval": parts["eval"],
+           "train_per_shard": [train[k] for k in sorted(train)]}
 write_json(snakemake.output.stats, summary)
 print(summary)

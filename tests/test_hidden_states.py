@@ -1,6 +1,11 @@
-"""Hidden-state shards: vLLM's aux-layer convention, equality with the verifier's own states, shard I/O."""
+"""Hidden-state shards: vLLM's aux-layer convention, equality with the verifier's own states, shard I/O and
+shard validation."""
 
 from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,11 +14,13 @@ from draftpipe.hidden_states import (
     ShardError,
     build_sample,
     capture_layers,
+    check_shard_header,
     default_aux_layer_ids,
     iter_shard,
     load_verifier_model,
     read_shard_metadata,
     resolve_aux_layer_ids,
+    validate_shard,
     write_shard,
 )
 
@@ -77,3 +84,141 @@ def test_truncated_shard_is_detected(model, tmp_path):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ShardError, match="shard.safetensors"):
         read_shard_metadata(str(path))
+
+
+def synthetic_samples(lengths, hidden=64, aux=3, dtype=torch.bfloat16, seed=0):
+    """Samples with the shapes and dtypes build_sample produces, random values (no model needed)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for t in lengths:
+        mask = torch.zeros(t, dtype=torch.uint8)
+        mask[t // 2:] = 1
+        out.append({
+            "input_ids": torch.randint(0, 512, (t,), generator=g),
+            "loss_mask": mask,
+            "hidden_states": torch.randn(t, aux * hidden, generator=g).to(dtype),
+            "verifier_last_hidden_states": torch.randn(t, hidden, generator=g).to(dtype),
+        })
+    return out
+
+
+def write_synthetic(path: Path, lengths=(5, 7, 3), samples=None) -> Path:
+    write_shard(str(path), samples or synthetic_samples(lengths), {"aux_layer_ids": [1, 2, 4], "hidden_size": 64})
+    return path
+
+
+def header_of(path: Path) -> tuple[dict, int]:
+    """(tensor entries, byte offset where tensor data starts) of a safetensors file."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__")
+    return header, 8 + n
+
+
+def overwrite(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(data)
+
+
+def test_good_shard_passes_and_records_its_token_count(tmp_path):
+    path = write_synthetic(tmp_path / "good.safetensors", lengths=(5, 7, 3))
+    assert check_shard_header(str(path)) is None
+    validate_shard(str(path))
+    validate_shard(str(path), aux_layers=3, hidden_size=64)
+    meta = read_shard_metadata(str(path))
+    assert meta["num_samples"] == 3 and meta["num_tokens"] == 15
+
+
+def test_truncation_at_any_cut_is_named(tmp_path):
+    good = write_synthetic(tmp_path / "good.safetensors")
+    data = good.read_bytes()
+    header, start = header_of(good)
+    last = max(header, key=lambda k: header[k]["data_offsets"][1])
+    cuts = {"empty": 0, "inside the length": 5, "after the length": 8, "inside the header": start - 40,
+            "no tensor data": start, "inside the data": start + 100, "last byte missing": len(data) - 1}
+    for where, cut in cuts.items():
+        path = tmp_path / f"cut{cut}.safetensors"
+        path.write_bytes(data[:cut])
+        reason = check_shard_header(str(path))
+        assert reason is not None and reason.startswith("truncated"), (where, reason)
+        with pytest.raises(ShardError, match=rf"cut{cut}\.safetensors: truncated"):
+            validate_shard(str(path))
+    assert last in check_shard_header(str(tmp_path / f"cut{len(data) - 1}.safetensors"))
+    (tmp_path / "longer.safetensors").write_bytes(data + b"\0\0")
+    assert check_shard_header(str(tmp_path / "longer.safetensors")) == "2 trailing bytes after the last tensor"
+
+
+def test_garbage_headers_are_named(tmp_path):
+    huge = tmp_path / "huge.safetensors"
+    huge.write_bytes((10**12).to_bytes(8, "little") + b"{}")
+    assert "header length 1000000000000 is not sane" in check_shard_header(str(huge))
+    not_json = tmp_path / "notjson.safetensors"
+    not_json.write_bytes((4).to_bytes(8, "little") + b"{{{{")
+    assert check_shard_header(str(not_json)).startswith("header is not valid JSON")
+    assert check_shard_header(str(tmp_path / "absent.safetensors")).startswith("unreadable")
+
+
+def test_non_finite_and_out_of_range_values_name_the_tensor(tmp_path):
+    good = write_synthetic(tmp_path / "good.safetensors")
+    header, start = header_of(good)
+    cases = [  # (tensor, byte offset of the element inside it, bytes, expected message)
+        ("000001.hidden_states", 2 * 7, b"\xc0\x7f", "1 non-finite values"),  # bfloat16 NaN
+        ("000002.verifier_last_hidden_states", 0, b"\x80\xff", "1 non-finite values"),  # bfloat16 -Inf
+        ("000000.loss_mask", 1, b"\x02", "1 values other than 0 and 1"),
+        ("000002.input_ids", 8, b"\xff" * 8, "1 negative token ids"),  # int64 -1
+    ]
+    for key, at, raw, message in cases:
+        path = tmp_path / f"bad_{key}.safetensors"
+        shutil.copyfile(good, path)
+        overwrite(path, start + header[key]["data_offsets"][0] + at, raw)
+        assert check_shard_header(str(path)) is None  # values are beyond the header check
+        with pytest.raises(ShardError, match=rf"bad_{key}\.safetensors: {key}: {message}"):
+            validate_shard(str(path))
+
+
+def test_missing_tensor_and_inconsistent_shapes_are_named(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    good = write_synthetic(tmp_path / "good.safetensors")
+    with safe_open(str(good), framework="pt") as fh:
+        meta = fh.metadata()
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+    del tensors["000001.loss_mask"]
+    missing = tmp_path / "missing.safetensors"
+    save_file(tensors, str(missing), metadata=meta)
+    assert check_shard_header(str(missing)) == "missing tensors ['000001.loss_mask']"
+    with pytest.raises(ShardError, match=r"missing\.safetensors: missing tensors \['000001.loss_mask'\]"):
+        validate_shard(str(missing))
+
+    samples = synthetic_samples((4, 6))
+    samples[1]["loss_mask"] = torch.ones(7, dtype=torch.uint8)
+    ragged = write_synthetic(tmp_path / "ragged.safetensors", samples=samples)
+    assert check_shard_header(str(ragged)) == ("sample 1: sequence lengths differ (input_ids 6, loss_mask 7, "
+                                               "hidden_states 6, verifier_last_hidden_states 6)")
+
+    path = write_synthetic(tmp_path / "aux.safetensors", lengths=(3,))
+    assert check_shard_header(str(path), aux_layers=4) == "000000.hidden_states: width 192, expected 4 aux layers x 64"
+    with pytest.raises(ShardError, match="expected hidden size 128"):
+        validate_shard(str(path), hidden_size=128)
+
+    meta = {**meta, "num_tokens": "99"}
+    save_file({k: v for k, v in tensors.items() if k.startswith("000000.")}, str(tmp_path / "count.safetensors"),
+              metadata={**meta, "num_samples": "1"})
+    assert check_shard_header(str(tmp_path / "count.safetensors")) == (
+        "5 tokens in the tensors but the metadata records num_tokens=99")
+
+
+def test_header_check_over_a_thousand_shards(tmp_path):
+    good = write_synthetic(tmp_path / "good.safetensors", lengths=(4, 4))
+    paths = []
+    for i in range(1000):
+        paths.append(tmp_path / f"train_{i:05d}.safetensors")
+        shutil.copyfile(good, paths[-1])
+    data = good.read_bytes()
+    paths[500].write_bytes(data[:-10])
+    reasons = {p.name: check_shard_header(str(p)) for p in paths}
+    bad = {name: r for name, r in reasons.items() if r is not None}
+    assert list(bad) == ["train_00500.safetensors"] and bad["train_00500.safetensors"].startswith("truncated")

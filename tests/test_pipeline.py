@@ -94,13 +94,76 @@ def test_draft_speculates_in_vllm(built, tmp_path):
     assert len(result["per_position_acceptance"]) == 3
 
 
+SOURCE = "draftpipe/data/prompts/tinystories_evaluation_prompts.jsonl"
+DOWNSTREAM_OF_ONE_SHARD = {"prompt_shard": 1, "completions": 1, "hidden_states": 1, "vocab_maps": 1, "draft": 1}
+
+
+def fingerprints(work: Path, source: Path) -> dict:
+    from draftpipe.fingerprint import prompt_fingerprints
+
+    return prompt_fingerprints([{"path": str(source)}], 0.25, 2, 0)
+
+
+def source_variant(work: Path, name: str, lines: list[str]) -> str:
+    """A copy of the default prompt source with `lines`, and a config that reads it instead."""
+    path = work / f"{name}.jsonl"
+    path.write_text("".join(lines), encoding="utf-8")
+    return variant(work, name, lambda c: c["prompts"].update(sources=[{"path": path.name}]))
+
+
+def changes_one_train_shard(work: Path, lines: list[str], candidates) -> list[str]:
+    """The first candidate source (list of lines) whose prompt set differs from the default in exactly one
+    training shard and not in the eval split."""
+    base = fingerprints(work, work / SOURCE)
+    probe = work / "probe.jsonl"
+    for cand in candidates:
+        probe.write_text("".join(cand), encoding="utf-8")
+        fp = fingerprints(work, probe)
+        changed = [a != b for a, b in zip(fp["train"], base["train"])]
+        if sum(changed) == 1 and fp["eval"] == base["eval"]:
+            return cand
+    raise AssertionError("no candidate changes exactly one training shard")
+
+
+# The rebuild matrix: each change and the exact jobs a dry run plans for the draft.
 def test_nothing_to_do_after_a_complete_run(built):
     assert planned_jobs(built) == {}
 
 
-def test_draft_vocab_change_reruns_vocab_maps_and_draft_only(built):
-    cfg = variant(built, "vocab128", lambda c: c["vocab"].update(draft_vocab_size=128))
-    assert planned_jobs(built, "--configfile", cfg) == {"vocab_maps": 1, "draft": 1}
+def test_appending_a_prompt_reruns_only_its_shard(built):
+    lines = (built / SOURCE).read_text(encoding="utf-8").splitlines(keepends=True)
+    extra = (json.dumps({"prompt": f"Once upon a time, a little fox named Pip found a red ball number {k}."}) + "\n"
+             for k in range(200))
+    cfg = source_variant(built, "appended", changes_one_train_shard(built, lines, (lines + [e] for e in extra)))
+    assert planned_jobs(built, "--configfile", cfg) == DOWNSTREAM_OF_ONE_SHARD
+
+
+def test_appending_an_eval_prompt_reruns_no_training_stage(built):
+    lines = (built / SOURCE).read_text(encoding="utf-8").splitlines(keepends=True)
+    base = fingerprints(built, built / SOURCE)
+    for k in range(200):
+        cand = lines + [json.dumps({"prompt": f"One day a small bird named Kiki sang song {k}."}) + "\n"]
+        (built / "probe.jsonl").write_text("".join(cand), encoding="utf-8")
+        if fingerprints(built, built / "probe.jsonl")["train"] == base["train"]:
+            break
+    cfg = source_variant(built, "appended_eval", cand)
+    assert planned_jobs(built, "--configfile", cfg) == {}
+    # the measurement and the report read the eval split: they rerun, training does not
+    assert planned_jobs(built, "--configfile", cfg, target="all") == {
+        "prompt_shard": 1, "prompt_set": 1, "compat_report": 1, "bench_run": 1, "bench_report": 1}
+
+
+def test_editing_one_prompt_reruns_only_its_shard(built):
+    lines = (built / SOURCE).read_text(encoding="utf-8").splitlines(keepends=True)
+
+    def edits():
+        for i, line in enumerate(lines):
+            rec = json.loads(line)
+            rec["prompt"] = rec["prompt"] + " The end."
+            yield lines[:i] + [json.dumps(rec) + "\n"] + lines[i + 1:]
+
+    cfg = source_variant(built, "edited", changes_one_train_shard(built, lines, edits()))
+    assert planned_jobs(built, "--configfile", cfg) == DOWNSTREAM_OF_ONE_SHARD
 
 
 def test_temperature_change_reruns_completions_and_everything_after(built):
@@ -113,9 +176,60 @@ def test_aux_layer_change_keeps_completions_and_vocab(built):
     assert planned_jobs(built, "--configfile", cfg) == {"hidden_states": 2, "draft": 1}
 
 
+def test_draft_vocab_change_reruns_vocab_maps_and_draft_only(built):
+    cfg = variant(built, "vocab128", lambda c: c["vocab"].update(draft_vocab_size=128))
+    assert planned_jobs(built, "--configfile", cfg) == {"vocab_maps": 1, "draft": 1}
+
+
 def test_epochs_change_reruns_only_the_draft(built):
     cfg = variant(built, "epochs", lambda c: c["draft"].update(epochs=5))
     assert planned_jobs(built, "--configfile", cfg) == {"draft": 1}
+
+
+def test_a_different_verifier_reruns_everything_it_shapes(built):
+    gguf = built / "draftpipe/data/stories260K/stories260K.gguf"
+    data = bytearray(gguf.read_bytes())
+    data[-1] ^= 0x01  # one weight byte: same shapes, different model
+    other = built / "other.gguf"
+    other.write_bytes(bytes(data))
+    cfg = variant(built, "other_verifier", lambda c: c["verifier"].update(path=other.name))
+    assert planned_jobs(built, "--configfile", cfg) == {
+        "verifier": 1, "completions": 2, "hidden_states": 2, "vocab_maps": 1, "draft": 1}
+
+
+def test_touching_files_without_changing_them_reruns_nothing(built):
+    for rel in (SOURCE, "draftpipe/data/stories260K/stories260K.gguf", "results/prompts/train_00000.jsonl",
+                "results/completions/train_00001.jsonl", "results/verifier/config.json"):
+        os.utime(built / rel)
+    assert planned_jobs(built) == {}
+
+
+@pytest.mark.parametrize("script, expected", [
+    ("scripts/train_draft.py", {"draft": 1}),
+    ("scripts/hidden_states.py", {"hidden_states": 2, "draft": 1}),
+    ("scripts/completions.py", {"completions": 2, "hidden_states": 2, "vocab_maps": 1, "draft": 1}),
+])
+def test_editing_a_job_script_reruns_its_rule_and_what_follows(built, script, expected):
+    path = built / script
+    backup = built / (script + ".orig")
+    shutil.copy2(path, backup)
+    try:
+        path.write_text(path.read_text() + "\n# edited\n")
+        assert planned_jobs(built) == expected
+    finally:
+        shutil.copy2(backup, path)  # content and mtime back
+        backup.unlink()
+    assert planned_jobs(built) == {}
+
+
+def test_knobs_that_shape_no_artifact_rerun_nothing(built):
+    def change(c):
+        c["resources"]["draft"].update(threads=1, mem_mb=1234)
+        c["resources"]["completions"].update(runtime=7)
+        c["bench"]["report"].update(dpi=60)
+        c["hidden_states"]["disk_check"] = False
+    cfg = variant(built, "no_shaping", change)
+    assert planned_jobs(built, "--configfile", cfg) == {}
 
 
 def test_missing_verifier_fails_before_any_job(tmp_path):
@@ -140,16 +254,30 @@ def test_config_schema_errors_name_the_key(tmp_path):
     assert proc.returncode != 0 and "hidden_states.aux_layer_ids" in proc.stdout + proc.stderr
 
 
-def test_malformed_prompt_line_fails_with_file_and_line(tmp_path):
+def test_malformed_prompt_line_fails_before_any_job_with_file_and_line(tmp_path):
     work = copy_workflow(tmp_path / "wf")
     bad = work / "bad.jsonl"
     bad.write_text('{"prompt": "Once upon a time"}\n{"prompt": "unterminated}\n', encoding="utf-8")
     cfg = variant(work, "badprompts", lambda c: c["prompts"].update(sources=[{"path": "bad.jsonl"}]))
     proc = snakemake(work, "results/prompts/stats.json", "--configfile", cfg, check=False)
     assert proc.returncode != 0
-    log = (work / "results/logs/prompt_set.log").read_text()
-    assert "bad.jsonl:2: malformed JSON line" in log
-    assert not (work / "results/prompts/stats.json").exists()
+    assert ("prompt source error: bad.jsonl:2: malformed JSON line (Unterminated string starting at column 12)"
+            in proc.stderr)
+    assert not (work / "results").exists()
+
+
+def test_not_enough_disk_for_hidden_states_refuses_to_start(tmp_path):
+    work = copy_workflow(tmp_path / "wf")
+    cfg = variant(work, "huge", lambda c: c["completions"].update(samples_per_prompt=10**12))
+    # a dry run still plans the jobs ...
+    assert planned_jobs(work, "--configfile", cfg, target="results/hidden_states/train_00000.safetensors") == {
+        "verifier": 1, "prompt_shard": 1, "completions": 1, "hidden_states": 1}
+    # ... a run refuses before any job, saying how much it needs
+    proc = snakemake(work, "results/hidden_states/train_00000.safetensors", "--configfile", cfg, check=False)
+    assert proc.returncode != 0
+    assert re.search(r"not enough disk: hidden states need [\d.]+ PiB for 1 of 2 shards \(.* an upper bound\) "
+                     r"but \S+ has [\d.]+ \wiB free", proc.stderr), proc.stderr[-2000:]
+    assert not (work / "results").exists() or not any((work / "results").rglob("*.jsonl"))
 
 
 def test_compat_report_on_the_default_draft_is_clean(built):

@@ -43,7 +43,7 @@ def work(tmp_path_factory):
 ])
 def test_preset_dry_runs_without_weights(work, preset, expect):
     out = dry_run(work, "--workflow-profile", "profiles/local", "--configfile", f"configs/{preset}.yaml")
-    assert out.index("draftpipe plan (upper bounds):") < out.index("rule prompt_set:")
+    assert out.index("draftpipe plan (upper bounds):") < out.index("rule prompt_shard:")
     plan = re.search(r"draftpipe plan .*", out).group(0)
     assert "training samples" in plan and "disk needed" in plan
     jobs = jobs_with_resources(out)
@@ -53,7 +53,7 @@ def test_preset_dry_runs_without_weights(work, preset, expect):
     for rule, gpus in expect.items():
         assert seen[rule] == {gpus}, (rule, seen[rule])
     assert sum(1 for rule, _ in jobs if rule == "completions") == 8  # num_shards
-    assert seen["vocab_maps"] == {"0"} and seen["prompt_set"] == {None}
+    assert seen["vocab_maps"] == {"0"} and seen["prompt_shard"] == {None}
 
 
 def test_kimi_plan_numbers(work):

