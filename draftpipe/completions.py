@@ -230,54 +230,43 @@ def is_cpu_build() -> bool:
     return current_platform.is_cpu()
 
 
-def generate_completions(
+def open_engine(verifier: str, *, dtype: str, max_model_len: int, seed: int, engine: dict | None = None) -> Any:
+    """Load the verifier in vLLM's offline engine (``vllm.LLM``) for :func:`complete`.
+
+    On CPU builds chunked prefill is off: vLLM's CPU worker cannot rewind a per-request generator when it discards
+    a token sampled during a chunked prefill ("CPU Generator does not use offset",
+    ``gpu_model_runner._bookkeeping_sync``), and per-request seeds are what make every prompt's samples
+    independent of the batch, the shard and the order of shards. Without chunking a prompt must fit the batch
+    budget, which defaults to at least ``max_model_len`` tokens.
+    """
+    from vllm import LLM
+
+    extra = dict(engine or {})
+    if is_cpu_build():
+        extra.setdefault("enable_chunked_prefill", False)
+    return LLM(**engine_kwargs(verifier, dtype=dtype, max_model_len=max_model_len, seed=seed, extra=extra))
+
+
+def complete(
+    llm: Any,
     records: list[dict],
-    verifier: str,
     *,
+    verifier: str,
     samples_per_prompt: int,
     temperature: float,
     top_p: float,
     max_tokens: int,
     seed: int,
     max_model_len: int,
-    dtype: str = "auto",
-    engine: dict | None = None,
     too_long: str = "drop",
     chat_template: str = "auto",
 ) -> tuple[list[dict], dict]:
-    """Generate ``samples_per_prompt`` completions per prompt record with the verifier in vLLM's offline engine.
-
-    Args:
-        records: prompt records (``id``, ``messages``) from the prompt-set stage.
-        verifier: Hugging Face directory or hub id of the verifier.
-        samples_per_prompt, temperature, top_p, max_tokens, seed: sampling settings; on GPUs the per-prompt seed
-            is :func:`request_seed` (base seed, prompt id); on CPU ``seed`` seeds the engine.
-        max_model_len: the engine's context in tokens; a prompt that leaves no room for one new token is handled
-            by ``too_long``.
-        dtype: verifier weights' dtype in vLLM ("auto", "float32", "bfloat16", ...).
-        engine: extra ``vllm.LLM`` keyword arguments.
-        too_long: ``completions.too_long``: ``drop`` (default), ``truncate`` or ``error`` (see :func:`fit_prompt`).
-        chat_template: ``verifier.chat_template``: ``auto`` (default) or ``required`` (see
-            :func:`check_chat_template`).
-
-    Returns:
-        ``(rows, stats)``: one row per sample with ``id``, ``sample``, ``messages``, ``prompt_token_ids``,
-        ``completion_token_ids``, ``prompt_text``, ``completion_text``, ``finish_reason``, ``sampling``,
-        ``prompt_truncated``, ``vllm_version``, ``chat_template_sha256``; stats are those of
-        :func:`prepare_prompts` plus ``samples``.
-
-    Raises:
-        PromptTooLongError, ChatTemplateError, ValueError: see :func:`prepare_prompts`; raised before any
-            generation.
-    """
+    """Generate completions for ``records`` with an engine from :func:`open_engine` (see
+    :func:`generate_completions` for the arguments and the result). Each prompt's samples use the seed
+    :func:`request_seed` (base seed, prompt id), so they do not depend on which other prompts share the engine."""
     import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    # vLLM's CPU worker cannot rewind a per-request generator when it discards a token sampled during a chunked
-    # prefill ("CPU Generator does not use offset", gpu_model_runner._bookkeeping_sync), so on CPU the engine's
-    # global seed is used: deterministic for the same shard, but not independent of the other prompts in it.
-    per_request_seed = not is_cpu_build()
-    llm = LLM(**engine_kwargs(verifier, dtype=dtype, max_model_len=max_model_len, seed=seed, extra=engine))
     tokenizer = llm.get_tokenizer()
     template_hash = chat_template_hash(tokenizer)
     kept, stats = prepare_prompts(records, tokenizer, max_model_len=max_model_len, max_tokens=max_tokens,
@@ -285,7 +274,7 @@ def generate_completions(
     prompts, params = [], []
     for rec, ids, room, _ in kept:
         params.append(SamplingParams(n=samples_per_prompt, temperature=temperature, top_p=top_p, max_tokens=room,
-                                     seed=request_seed(seed, rec["id"]) if per_request_seed else None))
+                                     seed=request_seed(seed, rec["id"])))
         prompts.append({"prompt_token_ids": ids})
     outputs = llm.generate(prompts, sampling_params=params, use_tqdm=False) if prompts else []
     rows = []
@@ -306,5 +295,53 @@ def generate_completions(
                 "vllm_version": vllm.__version__,
                 "chat_template_sha256": template_hash,
             })
-    del llm
     return rows, {**stats, "samples": len(rows)}
+
+
+def generate_completions(
+    records: list[dict],
+    verifier: str,
+    *,
+    samples_per_prompt: int,
+    temperature: float,
+    top_p: float,
+    max_tokens: int,
+    seed: int,
+    max_model_len: int,
+    dtype: str = "auto",
+    engine: dict | None = None,
+    too_long: str = "drop",
+    chat_template: str = "auto",
+) -> tuple[list[dict], dict]:
+    """Generate ``samples_per_prompt`` completions per prompt record with the verifier in vLLM's offline engine.
+
+    Args:
+        records: prompt records (``id``, ``messages``) from the prompt-set stage.
+        verifier: Hugging Face directory or hub id of the verifier.
+        samples_per_prompt, temperature, top_p, max_tokens, seed: sampling settings; each prompt's seed is
+            :func:`request_seed` (base seed, prompt id).
+        max_model_len: the engine's context in tokens; a prompt that leaves no room for one new token is handled
+            by ``too_long``.
+        dtype: verifier weights' dtype in vLLM ("auto", "float32", "bfloat16", ...).
+        engine: extra ``vllm.LLM`` keyword arguments.
+        too_long: ``completions.too_long``: ``drop`` (default), ``truncate`` or ``error`` (see :func:`fit_prompt`).
+        chat_template: ``verifier.chat_template``: ``auto`` (default) or ``required`` (see
+            :func:`check_chat_template`).
+
+    Returns:
+        ``(rows, stats)``: one row per sample with ``id``, ``sample``, ``messages``, ``prompt_token_ids``,
+        ``completion_token_ids``, ``prompt_text``, ``completion_text``, ``finish_reason``, ``sampling``,
+        ``prompt_truncated``, ``vllm_version``, ``chat_template_sha256``; stats are those of
+        :func:`prepare_prompts` plus ``samples``.
+
+    Raises:
+        PromptTooLongError, ChatTemplateError, ValueError: see :func:`prepare_prompts`; raised before any
+            generation.
+    """
+    llm = open_engine(verifier, dtype=dtype, max_model_len=max_model_len, seed=seed, engine=engine)
+    try:
+        return complete(llm, records, verifier=verifier, samples_per_prompt=samples_per_prompt,
+                        temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
+                        max_model_len=max_model_len, too_long=too_long, chat_template=chat_template)
+    finally:
+        del llm

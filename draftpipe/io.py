@@ -93,6 +93,23 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     return out
 
 
+def check_jsonl(path: str | os.PathLike) -> str | None:
+    """Why a JSONL artifact is unusable (not ending in a newline, a line that is not a JSON object), or None."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    if data and not data.endswith(b"\n"):
+        return "truncated (no final newline)"
+    for lineno, line in enumerate(data.splitlines(), 1):
+        try:
+            if not isinstance(json.loads(line), dict):
+                return f"line {lineno} is not a JSON object"
+        except ValueError:
+            return f"line {lineno} is not valid JSON"
+    return None
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """Hex SHA-256 of a file's bytes."""
     h = hashlib.sha256()

@@ -123,8 +123,8 @@ if workflow.is_main_process:
     if _bad:
         for _src, _dst in quarantine(list(_bad), "results"):
             if _src.name.endswith(".safetensors"):
-                print(f"draftpipe: {_src} is corrupt ({_bad[str(_src)]}); moved to {_dst}, it will be rebuilt",
-                      file=sys.stderr)
+                print(f"draftpipe: {_src} is corrupt ({_bad[str(_src)]}); moved to {_dst}; it is rebuilt when a job "
+                      f"reads it (now: snakemake {_src})", file=sys.stderr)
 
     PLAN = plan(config, {**DERIVED, "hidden_size": DERIVED["hidden_size"]})
     print(format_plan(PLAN), file=sys.stderr)

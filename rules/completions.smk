@@ -6,6 +6,7 @@ rule completions:
     output:
         "results/completions/train_{shard}.jsonl",
     params:
+        shards=SHARDS,  # the stage's shards: the first job fills every stale one (draftpipe/stage.py)
         verifier=VERIFIER_DIR,
         verifier_id=VERIFIER_ID,
         sampling=canon(config["completions"]),
@@ -16,6 +17,7 @@ rule completions:
         "results/logs/completions/train_{shard}.log",
     benchmark:
         "results/benchmarks/completions/train_{shard}.tsv"
+    priority: 20  # all shards of a stage before the next stage: one verifier load per stage
     threads: res("completions", "threads")
     resources:
         **stage_resources("completions"),

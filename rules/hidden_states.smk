@@ -6,6 +6,7 @@ rule hidden_states:
     output:
         "results/hidden_states/train_{shard}.safetensors",
     params:
+        shards=SHARDS,  # the stage's shards: the first job fills every stale one (draftpipe/stage.py)
         verifier=VERIFIER_DIR,
         verifier_id=VERIFIER_ID,
         aux_layer_ids=DERIVED["aux_layer_ids"],
@@ -17,6 +18,7 @@ rule hidden_states:
         "results/logs/hidden_states/train_{shard}.log",
     benchmark:
         "results/benchmarks/hidden_states/train_{shard}.tsv"
+    priority: 10  # all shards of a stage before the next stage: one verifier load per stage
     threads: res("hidden_states", "threads")
     resources:
         **stage_resources("hidden_states"),

@@ -15,7 +15,6 @@ rule prompt_shard:
     benchmark:
         "results/benchmarks/prompts/{part}.tsv"
     threads: 1
-    localrule: True
     script:
         "../scripts/prompt_shard.py"
 

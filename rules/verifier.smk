@@ -8,6 +8,8 @@ if VERIFIER["kind"] == "gguf":
             config="results/verifier/config.json",
             weights="results/verifier/model.safetensors",
             tokenizer="results/verifier/tokenizer.json",
+            tokenizer_config="results/verifier/tokenizer_config.json",
+            generation_config="results/verifier/generation_config.json",
         params:
             verifier_id=VERIFIER_ID,
             head_dim=config["verifier"]["gguf_head_dim"],

@@ -1,4 +1,8 @@
-"""Rule `completions`: the verifier regenerates the answers of one training shard with vLLM."""
+"""Rule `completions`: the verifier regenerates the answers of a training shard with vLLM.
+
+The first job of the stage loads the verifier once and fills every stale shard (draftpipe/stage.py); the others
+link their result from the stage's store.
+"""
 
 if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this file as __mp_main__
     import sys
@@ -10,17 +14,26 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 
-    from draftpipe.completions import generate_completions
-    from draftpipe.io import read_jsonl, write_jsonl
+    import draftpipe.completions as completions
+    from draftpipe.io import check_jsonl, read_jsonl, write_jsonl
+    from draftpipe.stage import STORE, code_digest, run_stage, stage_settings, stage_tasks
 
     p = snakemake.params
     s = p.sampling
-    rows, stats = generate_completions(
-        read_jsonl(snakemake.input.prompts), p.verifier,
-        samples_per_prompt=s["samples_per_prompt"], temperature=s["temperature"], top_p=s["top_p"],
-        max_tokens=s["max_tokens"], seed=s["seed"], max_model_len=p.max_model_len, dtype=p.dtype,
-        too_long=s["too_long"], chat_template=p.chat_template,
-        engine=engine_parallelism(snakemake.resources.gpu),
-    )
-    write_jsonl(snakemake.output[0], rows)
-    print(stats)
+
+    def compute(tasks):
+        llm = completions.open_engine(p.verifier, dtype=p.dtype, max_model_len=p.max_model_len, seed=s["seed"],
+                                      engine=engine_parallelism(snakemake.resources.gpu))
+        for task in tasks:
+            rows, stats = completions.complete(
+                llm, read_jsonl(task.inputs[0]), verifier=p.verifier, samples_per_prompt=s["samples_per_prompt"],
+                temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_tokens"], seed=s["seed"],
+                max_model_len=p.max_model_len, too_long=s["too_long"], chat_template=p.chat_template)
+            write_jsonl(task.entry, rows)
+            print(f"shard {task.shard}: {stats}", flush=True)
+
+    own, shards = stage_tasks(snakemake, "completions", ["prompts"])
+    store = Path(snakemake.output[0]).parents[1] / STORE / "completions"
+    run_stage(own, shards, store, ".jsonl", stage_settings(snakemake),
+              code_digest([Path(snakemake.scriptdir) / "completions.py"]), compute,
+              share=snakemake.config["resources"]["completions"]["share_engine"], check=check_jsonl)

@@ -33,6 +33,11 @@ def test_all_stages_produce_their_artifacts(built):
     assert all(row["sampling"]["temperature"] == 0.8 and row["chat_template_sha256"] is None for row in rows)
     assert {row["finish_reason"] for row in rows} <= {"stop", "length"}
 
+    # per-request seeds: each prompt's samples are a function of (seed, prompt id) alone
+    from draftpipe.completions import request_seed
+
+    assert all(row["sampling"]["seed"] == request_seed(0, row["id"]) for row in rows)
+
     from draftpipe.hidden_states import iter_shard, read_shard_metadata
 
     shard = sorted((r / "hidden_states").glob("*.safetensors"))[0]
@@ -73,6 +78,19 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
+
+
+def test_one_verifier_load_per_stage(built):
+    """The first job of a stage loads the verifier and fills every shard; the other links its result."""
+    for stage in ("completions", "hidden_states"):
+        logs = [(built / f"results/logs/{stage}/train_{s}.log").read_text() for s in ("00000", "00001")]
+        loads = sum(log.count("verifier load 1 for 2 shard(s): 00000, 00001") for log in logs)
+        links = sum(log.count("found in the store, no verifier load") for log in logs)
+        assert (loads, links) == (1, 1), stage
+        for s in ("00000", "00001"):
+            out = built / f"results/{stage}/train_{s}.{'jsonl' if stage == 'completions' else 'safetensors'}"
+            entries = list((built / "results/.store" / stage).glob(f"{s}.*"))
+            assert len(entries) == 1 and os.path.samefile(out, entries[0])  # a link to the store, not a copy
 
 
 def test_draft_speculates_in_vllm(built, tmp_path):

@@ -83,7 +83,7 @@ def test_pipeline_runs_through_slurm(cluster, tmp_path):
     submitted = re.findall(r"Job (\d+) has been submitted with SLURM jobid (\d+)", proc.stdout)
     rules = re.findall(r"^(?:rule|localrule) (\w+):", proc.stdout, flags=re.M)
     assert not [r for r in rules if r.startswith("localrule")]
-    assert len(submitted) == 8, proc.stdout[-3000:]  # verifier, prompt_set, 2 completions, 2 hidden, vocab, draft
+    assert len(submitted) == 9, proc.stdout[-3000:]  # verifier, 2 prompt_shard, 2 completions, 2 hidden, vocab, draft
     records = {r["JobId"]: r for r in jobcomp_records(comp)[before:]}  # the scheduler's own completion log
     jobs = {slurm_id: scontrol_job(slurm_id) for _, slurm_id in submitted}
     for slurm_id, job in jobs.items():
@@ -94,3 +94,10 @@ def test_pipeline_runs_through_slurm(cluster, tmp_path):
     for log in list((work / "results/logs/completions").glob("*.log")) + list((work / "results/logs/hidden_states").glob("*.log")) + [work / "results/logs/draft.log"]:
         m = re.search(r"draftpipe.gpus: 1 GPU\(s\), CUDA_VISIBLE_DEVICES=(\S+)", log.read_text())
         assert m and re.fullmatch(r"[0-7]", m.group(1)), log
+    # Verifier loads per stage: the first job of a stage fills every shard whose input exists; under SLURM the
+    # upstream jobs of the other shard may still be running then (no stage-wide ordering), so 1 or 2 loads.
+    for stage in ("completions", "hidden_states"):
+        logs = [p.read_text() for p in (work / "results/logs" / stage).glob("*.log")]
+        loads = sum(log.count("verifier load 1 for") for log in logs)
+        print(f"{stage}: {loads} verifier load(s) for 2 shards")
+        assert 1 <= loads <= 2 and loads + sum(log.count("found in the store") for log in logs) == 2, stage

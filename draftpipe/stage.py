@@ -1,0 +1,204 @@
+"""One verifier load per stage, with per-shard jobs: a content-addressed store filled by the first job of a stage.
+
+A verifier of 1T parameters takes many minutes to load. The `completions` and `hidden_states` stages keep one
+Snakemake job per shard (so a dry run lists exactly the stale shards, and each shard is its own artifact), but the
+first of those jobs to run loads the verifier once and fills every shard of the stage that is stale and ready:
+
+- Each shard's result is stored under a *content key*: the SHA-256 of its input files' bytes, the job's params
+  (minus the list of the stage's shards) and the job script, which is what Snakemake tracks for the job (it
+  tracks the script, not the modules it imports: a change to the package reruns nothing by itself). The
+  store is ``<results>/.store/<stage>/<shard>.<key>.<ext>``; the shard's declared output is a hard link to its
+  entry (a copy where the file system has no hard links).
+- A job takes the stage lock, lists the shards whose inputs exist and whose entry is missing, computes them with
+  one verifier load (none when nothing is missing), then links its own output. The next jobs of the stage find
+  their entries and only link.
+- The key changes exactly when what Snakemake tracks for the job changes (params, input content, script), so a
+  shard that Snakemake does not plan keeps its entry; a shard that it plans finds its entry missing, unless only
+  the script's mtime changed (``touch``), in which case it links the unchanged result without loading anything.
+  To recompute with the same inputs, params and script (a new package version), remove the stage's store
+  directory (``results/.store/<stage>/``) and force the stage (``--forcerun <rule>``).
+- Entries are written atomically, so a crash loses only the shard being computed; entries of finished shards
+  survive the crash and the rerun links them. When a shard's output is relinked, entries of that shard that no
+  output links any longer are removed, so the store holds no more than one result per shard beyond a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from draftpipe.io import sha256_file
+
+STORE = ".store"
+
+
+@dataclass
+class ShardTask:
+    """One shard of a stage: its inputs, its declared output and, once keyed, its store entry."""
+
+    shard: str
+    inputs: list[str]
+    output: str
+    key: str | None = None
+    entry: Path | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def sibling(path: str, shard: str, other: str) -> str:
+    """``path`` of shard ``shard`` rewritten for shard ``other`` (the shard id appears once, as ``_<id>.``).
+
+    Raises:
+        ValueError: ``path`` does not contain ``_<shard>.`` exactly once.
+    """
+    token = f"_{shard}."
+    if Path(path).name.count(token) != 1:
+        raise ValueError(f"{path}: expected the shard id {shard!r} once in the file name")
+    parent, name = os.path.split(path)
+    return os.path.join(parent, name.replace(token, f"_{other}."))
+
+
+def code_digest(paths: list[str | os.PathLike]) -> str:
+    """SHA-256 over the bytes of the files that compute a stage (its job script)."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(Path(p).read_bytes())
+    return h.hexdigest()
+
+
+def content_key(inputs: list[str], settings: Any, code: str) -> str:
+    """The content key of one shard.
+
+    Args:
+        inputs: the shard's input files (hashed by content).
+        settings: JSON-serialisable params of the job without the shard's own wildcard.
+        code: :func:`code_digest` of the stage's code.
+
+    Returns:
+        64-character hex SHA-256.
+
+    Raises:
+        FileNotFoundError: an input is missing.
+    """
+    doc = {"inputs": [sha256_file(p) for p in inputs], "settings": settings, "code": code}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def stage_lock(store: Path) -> Iterator[None]:
+    """Hold the stage's lock (``flock`` on ``<store>/.lock``) for the block; waits while another job holds it."""
+    store.mkdir(parents=True, exist_ok=True)
+    with open(store / ".lock", "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def link_output(entry: Path, output: str) -> None:
+    """Make ``output`` a hard link to ``entry`` (a copy across file systems), replacing it atomically."""
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.link-{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        os.link(entry, tmp)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(entry, tmp)
+    os.replace(tmp, out)
+
+
+def collect_garbage(store: Path, task: ShardTask) -> list[Path]:
+    """Remove entries of ``task.shard`` other than its current one that no output links any more."""
+    removed = []
+    for p in store.glob(f"{task.shard}.*"):
+        if p != task.entry and p.is_file() and os.stat(p).st_nlink == 1:
+            p.unlink()
+            removed.append(p)
+    return removed
+
+
+def run_stage(own: ShardTask, siblings: list[ShardTask], store: Path, suffix: str, settings: Any, code: str,
+              compute: Callable[[list[ShardTask]], None], share: bool = True,
+              check: Callable[[Path], str | None] | None = None) -> dict:
+    """Fill the stage's stale shards with one verifier load, then link this job's output.
+
+    Args:
+        own: this job's shard.
+        siblings: every shard of the stage (``own`` included); ignored when ``share`` is false.
+        store: the stage's store directory (``results/.store/<stage>``).
+        suffix: file extension of the entries (``.jsonl``, ``.safetensors``).
+        settings, code: see :func:`content_key`.
+        compute: called at most once with the shards to compute; it loads the verifier and writes each task's
+            result to ``task.entry`` atomically (an exception leaves the entries it finished).
+        share: fill the other ready shards too (one load per stage); false computes only ``own``.
+        check: returns why an existing entry is unusable (truncated, corrupt), or None; such an entry is removed
+            and computed again. An output is a hard link to its entry, so damage to one is damage to both.
+
+    Returns:
+        ``{"computed": [shard ids], "loads": 0 or 1, "linked": own.entry}``.
+    """
+    tasks = siblings if share else [own]
+    if own.shard not in {t.shard for t in tasks}:
+        tasks = [*tasks, own]
+    with stage_lock(store):
+        todo = []
+        for t in tasks:
+            if not all(os.path.exists(p) for p in t.inputs):
+                continue  # not ready: its own job computes it later
+            t.key = content_key(t.inputs, settings, code)
+            t.entry = store / f"{t.shard}.{t.key[:32]}{suffix}"
+            if t.entry.exists():
+                reason = check(t.entry) if check else None
+                if reason is None:
+                    continue
+                print(f"shard {t.shard}: store entry {t.entry.name} is unusable ({reason}); computing it again",
+                      flush=True)
+                t.entry.unlink()
+            # Another shard is computed now only if its output is missing or links an older entry (its job is
+            # then planned); an output of unknown origin is left to its own job, which Snakemake may not plan.
+            if t is own or not os.path.exists(t.output) or os.stat(t.output).st_nlink > 1:
+                todo.append(t)
+        if own.entry is None:
+            raise FileNotFoundError(f"inputs of shard {own.shard} are missing: {own.inputs}")
+        t0 = time.perf_counter()
+        if todo:
+            print(f"verifier load 1 for {len(todo)} shard(s): {', '.join(t.shard for t in todo)}", flush=True)
+            compute(todo)
+            print(f"computed {len(todo)} shard(s) in {time.perf_counter() - t0:.1f} s", flush=True)
+        else:
+            print(f"shard {own.shard}: found in the store, no verifier load", flush=True)
+        link_output(own.entry, own.output)
+        collect_garbage(store, own)
+    return {"computed": [t.shard for t in todo], "loads": 1 if todo else 0, "linked": str(own.entry)}
+
+
+def stage_tasks(smk: Any, stage: str, input_names: list[str]) -> tuple[ShardTask, list[ShardTask]]:
+    """This job's shard and all shards of its stage, from the Snakemake job object.
+
+    The other shards' paths are this job's paths with the shard id replaced (``params.shards`` lists the ids).
+    """
+    shard = smk.wildcards.shard
+    own_inputs = [str(getattr(smk.input, n)) for n in input_names]
+    own = ShardTask(shard, own_inputs, str(smk.output[0]))
+    sibs = [ShardTask(s, [sibling(p, shard, s) for p in own_inputs], sibling(own.output, shard, s))
+            if s != shard else own for s in smk.params.shards]
+    return own, sibs
+
+
+def stage_settings(smk: Any) -> dict:
+    """The job's params without the per-stage shard list: what, with the inputs and code, keys a shard."""
+    from draftpipe.provenance import jsonable
+
+    params = {k: v for k, v in smk.params.items() if k != "shards"}
+    return jsonable(params)

@@ -1,0 +1,169 @@
+"""The stage store: one verifier load fills every stale shard of a stage; other jobs link their result."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import pytest
+
+from draftpipe.io import write_text
+from draftpipe.stage import ShardTask, content_key, run_stage, sibling
+
+
+def make_stage(root: Path, n: int = 3) -> list[ShardTask]:
+    tasks = []
+    for i in range(n):
+        shard = f"{i:05d}"
+        inp = root / "in" / f"train_{shard}.txt"
+        inp.parent.mkdir(parents=True, exist_ok=True)
+        if not inp.exists():
+            inp.write_text(f"prompt {i}\n")
+        tasks.append(ShardTask(shard, [str(inp)], str(root / "out" / f"train_{shard}.txt")))
+    return tasks
+
+
+def upper(calls: list):
+    def compute(tasks):
+        calls.append([t.shard for t in tasks])
+        for t in tasks:
+            write_text(t.entry, Path(t.inputs[0]).read_text().upper())
+    return compute
+
+
+def job(root: Path, i: int, calls: list, n: int = 3, settings=None, share=True) -> dict:
+    """What one shard job does: all tasks of the stage, this job's shard `i`."""
+    tasks = make_stage(root, n)
+    return run_stage(tasks[i], tasks, root / "store", ".txt", settings or {"t": 0.8}, "code-v1", upper(calls),
+                     share=share)
+
+
+def test_the_first_job_fills_every_shard_and_the_others_only_link(tmp_path):
+    calls = []
+    first = job(tmp_path, 0, calls)
+    assert first["loads"] == 1 and first["computed"] == ["00000", "00001", "00002"]
+    for i in (1, 2):
+        assert job(tmp_path, i, calls)["loads"] == 0
+    assert calls == [["00000", "00001", "00002"]]  # one verifier load for the stage
+    for i in range(3):
+        out = tmp_path / "out" / f"train_{i:05d}.txt"
+        assert out.read_text() == f"PROMPT {i}\n"
+        assert os.stat(out).st_nlink == 2  # the output is the store entry, not a copy
+
+
+def test_a_changed_input_recomputes_only_its_shard_and_drops_the_old_entry(tmp_path):
+    calls = []
+    for i in range(3):
+        job(tmp_path, i, calls)
+    (tmp_path / "in" / "train_00001.txt").write_text("prompt one, edited\n")
+    (tmp_path / "out" / "train_00001.txt").unlink()  # Snakemake removes the output of a job it reruns
+    assert job(tmp_path, 1, calls)["computed"] == ["00001"]
+    assert (tmp_path / "out" / "train_00001.txt").read_text() == "PROMPT ONE, EDITED\n"
+    assert len(list((tmp_path / "store").glob("00001.*"))) == 1  # the entry no output links is gone
+    assert len(list((tmp_path / "store").glob("00000.*"))) == 1
+
+
+def test_a_settings_change_is_a_new_key_and_a_touch_is_not(tmp_path):
+    calls = []
+    job(tmp_path, 0, calls)
+    job(tmp_path, 0, calls)  # same key (e.g. the script was only touched): linked, nothing computed
+    assert calls == [["00000", "00001", "00002"]]
+    # outputs of shards 1, 2 link older entries, so the first job of the new run fills them too
+    for i in range(1, 3):
+        job(tmp_path, i, calls)
+    assert job(tmp_path, 0, calls, settings={"t": 0.5})["computed"] == ["00000", "00001", "00002"]
+
+
+def test_an_output_of_unknown_origin_is_left_to_its_own_job(tmp_path):
+    calls = []
+    tasks = make_stage(tmp_path)
+    Path(tasks[2].output).parent.mkdir(parents=True, exist_ok=True)
+    Path(tasks[2].output).write_text("built before the store existed\n")
+    assert job(tmp_path, 0, calls)["computed"] == ["00000", "00001"]
+    assert Path(tasks[2].output).read_text() == "built before the store existed\n"
+
+
+def test_unshared_jobs_compute_their_own_shard_only(tmp_path):
+    calls = []
+    for i in range(3):
+        job(tmp_path, i, calls, share=False)
+    assert calls == [["00000"], ["00001"], ["00002"]]
+
+
+def test_a_crash_keeps_the_finished_entries(tmp_path):
+    tasks = make_stage(tmp_path)
+
+    def crash(todo):
+        write_text(todo[0].entry, "DONE\n")
+        raise RuntimeError("killed while computing the second shard")
+
+    with pytest.raises(RuntimeError):
+        run_stage(tasks[0], tasks, tmp_path / "store", ".txt", {}, "c", crash)
+    calls = []
+    tasks = make_stage(tmp_path)
+    res = run_stage(tasks[0], tasks, tmp_path / "store", ".txt", {}, "c", upper(calls))
+    assert res["computed"] == ["00001", "00002"]  # shard 0 survived the crash
+    assert Path(tasks[0].output).read_text() == "DONE\n"
+
+
+def _concurrent_job(root: str, i: int, log: str) -> None:
+    calls: list = []
+    job(Path(root), i, calls)
+    with open(log, "a") as fh:
+        fh.write(f"{i}:{','.join(s for c in calls for s in c)}\n")
+
+
+def test_concurrent_jobs_load_the_verifier_once(tmp_path):
+    log = tmp_path / "calls.log"
+    make_stage(tmp_path)
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_concurrent_job, args=(str(tmp_path), i, str(log))) for i in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    computed = [line.split(":")[1] for line in log.read_text().splitlines() if line.split(":")[1]]
+    assert len(computed) == 1 and sorted(computed[0].split(",")) == ["00000", "00001", "00002"]
+
+
+def test_keys_and_sibling_paths(tmp_path):
+    a = tmp_path / "a.txt"
+    a.write_text("x")
+    k1 = content_key([str(a)], {"t": 1}, "c")
+    assert k1 == content_key([str(a)], {"t": 1}, "c") and len(k1) == 64
+    assert k1 != content_key([str(a)], {"t": 2}, "c") and k1 != content_key([str(a)], {"t": 1}, "d")
+    a.write_text("y")
+    assert k1 != content_key([str(a)], {"t": 1}, "c")
+    assert sibling("results/completions/train_00003.jsonl", "00003", "00010") == "results/completions/train_00010.jsonl"
+    with pytest.raises(ValueError, match="expected the shard id"):
+        sibling("results/x_00003_00003.jsonl", "00007", "00001")
+
+
+def test_a_damaged_entry_is_computed_again_not_linked(tmp_path):
+    calls = []
+    for i in range(3):
+        job(tmp_path, i, calls)
+    out = tmp_path / "out" / "train_00002.txt"
+    with open(out, "r+") as fh:  # damage in place: the output and its store entry are one file
+        fh.truncate(3)
+    out.unlink()  # quarantined, or removed by Snakemake before the rerun
+    tasks = make_stage(tmp_path)
+    res = run_stage(tasks[2], tasks, tmp_path / "store", ".txt", {"t": 0.8}, "code-v1", upper(calls),
+                    check=lambda p: None if p.read_text().endswith("\n") else "truncated")
+    assert res["computed"] == ["00002"] and out.read_text() == "PROMPT 2\n"
+
+
+def test_check_jsonl_names_the_damage(tmp_path):
+    from draftpipe.io import check_jsonl, write_jsonl
+
+    p = tmp_path / "a.jsonl"
+    write_jsonl(p, [{"a": 1}, {"b": 2}])
+    assert check_jsonl(p) is None
+    p.write_bytes(p.read_bytes()[:-3])
+    assert check_jsonl(p) == "truncated (no final newline)"
+    p.write_text('{"a": 1}\n[1]\n')
+    assert check_jsonl(p) == "line 2 is not a JSON object"
+    p.write_text('{"a": 1}\n{"b": \n')
+    assert check_jsonl(p) == "line 2 is not valid JSON"
