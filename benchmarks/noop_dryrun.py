@@ -34,6 +34,19 @@ def smk(work: Path, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+def write_tiny_shard(path: Path) -> None:
+    """A valid hidden-state shard of one 4-token sample (3 aux states of width 8)."""
+    import torch
+
+    sys.path.insert(0, str(REPO))
+    from draftpipe.hidden_states import write_shard
+
+    sample = {"input_ids": torch.arange(4), "loss_mask": torch.tensor([0, 1, 1, 1], dtype=torch.uint8),
+              "hidden_states": torch.zeros(4, 24, dtype=torch.bfloat16),
+              "verifier_last_hidden_states": torch.zeros(4, 8, dtype=torch.bfloat16)}
+    write_shard(str(path), [sample], {"aux_layer_ids": [1, 2, 4], "hidden_size": 8})
+
+
 def up_to_date_tree(root: Path, shards: int) -> Path:
     """A copy of the workflow with `shards` shards whose every artifact exists and is recorded as up to date."""
     work = root / f"wf_{shards}"
@@ -52,9 +65,12 @@ def up_to_date_tree(root: Path, shards: int) -> Path:
     for out in outputs:  # empty artifacts; --touch then orders their mtimes and records the metadata
         (work / out).parent.mkdir(parents=True, exist_ok=True)
         (work / out).touch()
+    for out in outputs:  # hidden-state shards must pass the header check made when the workflow is read
+        if out.startswith("results/hidden_states/"):
+            write_tiny_shard(work / out)
     smk(work, "--touch", TARGET)
     out = smk(work, "-n", TARGET).stdout
-    if "Nothing to be done" not in out:
+    if "Nothing to be done" not in out or any((work / "results").glob(".quarantine")):
         raise RuntimeError(f"the tree with {shards} shards is not up to date:\n{out[-2000:]}")
     return work
 

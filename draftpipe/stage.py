@@ -106,7 +106,7 @@ def link_output(entry: Path, output: str) -> None:
     """Make ``output`` a hard link to ``entry`` (a copy across file systems), replacing it atomically."""
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.link-{os.getpid()}")
+    tmp = out.with_name(f".{out.name}.tmp-link-{os.getpid()}")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
     try:
