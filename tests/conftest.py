@@ -30,5 +30,5 @@ def built(tmp_path_factory) -> Path:
     from workflow import copy_workflow, snakemake
 
     work = copy_workflow(tmp_path_factory.mktemp("workflow"))
-    snakemake(work, "results/draft/model.safetensors")
+    snakemake(work, "results/draft/model.safetensors", "results/prompts/stats.json")
     return work
