@@ -261,9 +261,33 @@ def complete(
     too_long: str = "drop",
     chat_template: str = "auto",
 ) -> tuple[list[dict], dict]:
-    """Generate completions for ``records`` with an engine from :func:`open_engine` (see
-    :func:`generate_completions` for the arguments and the result). Each prompt's samples use the seed
-    :func:`request_seed` (base seed, prompt id), so they do not depend on which other prompts share the engine."""
+    """Generate ``samples_per_prompt`` completions per prompt record with an engine from :func:`open_engine`.
+
+    One engine serves any number of calls (a stage's shards): each prompt's samples use its own seed, so they do
+    not depend on which other prompts share the engine.
+
+    Args:
+        llm: the ``vllm.LLM`` from :func:`open_engine`.
+        records: prompt records (``id``, ``messages``) from the prompt-set stage.
+        verifier: Hugging Face directory or hub id of the verifier (named in errors).
+        samples_per_prompt, temperature, top_p, max_tokens, seed: sampling settings; each prompt's seed is
+            :func:`request_seed` (base seed, prompt id).
+        max_model_len: the engine's context in tokens; a prompt that leaves no room for one new token is handled
+            by ``too_long``.
+        too_long: ``completions.too_long``: ``drop`` (default), ``truncate`` or ``error`` (see :func:`fit_prompt`).
+        chat_template: ``verifier.chat_template``: ``auto`` (default) or ``required`` (see
+            :func:`check_chat_template`).
+
+    Returns:
+        ``(rows, stats)``: one row per sample with ``id``, ``sample``, ``messages``, ``prompt_token_ids``,
+        ``completion_token_ids``, ``prompt_text``, ``completion_text``, ``finish_reason``, ``sampling``,
+        ``prompt_truncated``, ``vllm_version``, ``chat_template_sha256``; stats are those of
+        :func:`prepare_prompts` plus ``samples``.
+
+    Raises:
+        PromptTooLongError, ChatTemplateError, ValueError: see :func:`prepare_prompts`; raised before any
+            generation.
+    """
     import vllm
     from vllm import SamplingParams
 
@@ -296,52 +320,3 @@ def complete(
                 "chat_template_sha256": template_hash,
             })
     return rows, {**stats, "samples": len(rows)}
-
-
-def generate_completions(
-    records: list[dict],
-    verifier: str,
-    *,
-    samples_per_prompt: int,
-    temperature: float,
-    top_p: float,
-    max_tokens: int,
-    seed: int,
-    max_model_len: int,
-    dtype: str = "auto",
-    engine: dict | None = None,
-    too_long: str = "drop",
-    chat_template: str = "auto",
-) -> tuple[list[dict], dict]:
-    """Generate ``samples_per_prompt`` completions per prompt record with the verifier in vLLM's offline engine.
-
-    Args:
-        records: prompt records (``id``, ``messages``) from the prompt-set stage.
-        verifier: Hugging Face directory or hub id of the verifier.
-        samples_per_prompt, temperature, top_p, max_tokens, seed: sampling settings; each prompt's seed is
-            :func:`request_seed` (base seed, prompt id).
-        max_model_len: the engine's context in tokens; a prompt that leaves no room for one new token is handled
-            by ``too_long``.
-        dtype: verifier weights' dtype in vLLM ("auto", "float32", "bfloat16", ...).
-        engine: extra ``vllm.LLM`` keyword arguments.
-        too_long: ``completions.too_long``: ``drop`` (default), ``truncate`` or ``error`` (see :func:`fit_prompt`).
-        chat_template: ``verifier.chat_template``: ``auto`` (default) or ``required`` (see
-            :func:`check_chat_template`).
-
-    Returns:
-        ``(rows, stats)``: one row per sample with ``id``, ``sample``, ``messages``, ``prompt_token_ids``,
-        ``completion_token_ids``, ``prompt_text``, ``completion_text``, ``finish_reason``, ``sampling``,
-        ``prompt_truncated``, ``vllm_version``, ``chat_template_sha256``; stats are those of
-        :func:`prepare_prompts` plus ``samples``.
-
-    Raises:
-        PromptTooLongError, ChatTemplateError, ValueError: see :func:`prepare_prompts`; raised before any
-            generation.
-    """
-    llm = open_engine(verifier, dtype=dtype, max_model_len=max_model_len, seed=seed, engine=engine)
-    try:
-        return complete(llm, records, verifier=verifier, samples_per_prompt=samples_per_prompt,
-                        temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
-                        max_model_len=max_model_len, too_long=too_long, chat_template=chat_template)
-    finally:
-        del llm

@@ -34,6 +34,14 @@ def records_digest(records: Iterable[dict]) -> str:
     return h.hexdigest()
 
 
+def _parts(sources: list[dict], eval_fraction: float, num_shards: int, split_seed: int):
+    """``(training shards, eval records)``: what the `prompt_shard` jobs write (read, normalise, split)."""
+    from draftpipe.prompts import load_prompts, split_and_shard
+
+    records, _ = load_prompts(sources)
+    return split_and_shard(records, eval_fraction, num_shards, split_seed)
+
+
 def prompt_fingerprints(sources: list[dict], eval_fraction: float, num_shards: int, split_seed: int) -> dict:
     """Fingerprints of every training shard and of the eval split that `prompt_set` will write.
 
@@ -48,11 +56,9 @@ def prompt_fingerprints(sources: list[dict], eval_fraction: float, num_shards: i
         FileNotFoundError, draftpipe.prompts.PromptFormatError: a source is missing or malformed (the message names
             the file and line), exactly as the `prompt_set` job would fail.
     """
-    from draftpipe.prompts import load_prompts, split_and_shard
-
-    records, _ = load_prompts(sources)
-    shards, evals = split_and_shard(records, eval_fraction, num_shards, split_seed)
-    return {"train": [records_digest(s) for s in shards], "eval": records_digest(evals), "prompts": len(records)}
+    shards, evals = _parts(sources, eval_fraction, num_shards, split_seed)
+    return {"train": [records_digest(s) for s in shards], "eval": records_digest(evals),
+            "prompts": sum(map(len, shards)) + len(evals)}
 
 
 class StaleFingerprintError(RuntimeError):
@@ -76,10 +82,7 @@ def prompt_part(sources: list[dict], eval_fraction: float, num_shards: int, spli
         StaleFingerprintError: the records no longer match ``fingerprint`` (a source changed after the workflow
             was parsed); rerun Snakemake.
     """
-    from draftpipe.prompts import load_prompts, split_and_shard
-
-    records, _ = load_prompts(sources)
-    shards, evals = split_and_shard(records, eval_fraction, num_shards, split_seed)
+    shards, evals = _parts(sources, eval_fraction, num_shards, split_seed)
     if part == "eval":
         out = evals
     elif part.startswith("train_") and part[6:].isdigit() and int(part[6:]) < num_shards:

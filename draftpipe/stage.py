@@ -183,7 +183,7 @@ def run_stage(own: ShardTask, siblings: list[ShardTask], store: Path, suffix: st
     return {"computed": [t.shard for t in todo], "loads": 1 if todo else 0, "linked": str(own.entry)}
 
 
-def stage_tasks(smk: Any, stage: str, input_names: list[str]) -> tuple[ShardTask, list[ShardTask]]:
+def stage_tasks(smk: Any, input_names: list[str]) -> tuple[ShardTask, list[ShardTask]]:
     """This job's shard and all shards of its stage, from the Snakemake job object.
 
     The other shards' paths are this job's paths with the shard id replaced (``params.shards`` lists the ids).

@@ -32,7 +32,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
             write_jsonl(task.entry, rows)
             print(f"shard {task.shard}: {stats}", flush=True)
 
-    own, shards = stage_tasks(snakemake, "completions", ["prompts"])
+    own, shards = stage_tasks(snakemake, ["prompts"])
     store = Path(snakemake.output[0]).parents[1] / STORE / "completions"
     run_stage(own, shards, store, ".jsonl", stage_settings(snakemake),
               code_digest([Path(snakemake.scriptdir) / "completions.py"]), compute,

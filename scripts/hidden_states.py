@@ -35,7 +35,7 @@ def compute(tasks):
               f"{sum(int(s['input_ids'].numel()) for s in samples)} tokens", flush=True)
 
 
-own, shards = stage_tasks(snakemake, "hidden_states", ["completions"])
+own, shards = stage_tasks(snakemake, ["completions"])
 store = Path(snakemake.output[0]).parents[1] / STORE / "hidden_states"
 code = code_digest([Path(snakemake.scriptdir) / "hidden_states.py"])
 run_stage(own, shards, store, ".safetensors", stage_settings(snakemake), code, compute,

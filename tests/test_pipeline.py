@@ -116,7 +116,7 @@ SOURCE = "draftpipe/data/prompts/tinystories_evaluation_prompts.jsonl"
 DOWNSTREAM_OF_ONE_SHARD = {"prompt_shard": 1, "completions": 1, "hidden_states": 1, "vocab_maps": 1, "draft": 1}
 
 
-def fingerprints(work: Path, source: Path) -> dict:
+def fingerprints(source: Path) -> dict:
     from draftpipe.fingerprint import prompt_fingerprints
 
     return prompt_fingerprints([{"path": str(source)}], 0.25, 2, 0)
@@ -132,11 +132,11 @@ def source_variant(work: Path, name: str, lines: list[str]) -> str:
 def changes_one_train_shard(work: Path, lines: list[str], candidates) -> list[str]:
     """The first candidate source (list of lines) whose prompt set differs from the default in exactly one
     training shard and not in the eval split."""
-    base = fingerprints(work, work / SOURCE)
+    base = fingerprints(work / SOURCE)
     probe = work / "probe.jsonl"
     for cand in candidates:
         probe.write_text("".join(cand), encoding="utf-8")
-        fp = fingerprints(work, probe)
+        fp = fingerprints(probe)
         changed = [a != b for a, b in zip(fp["train"], base["train"])]
         if sum(changed) == 1 and fp["eval"] == base["eval"]:
             return cand
@@ -158,11 +158,11 @@ def test_appending_a_prompt_reruns_only_its_shard(built):
 
 def test_appending_an_eval_prompt_reruns_no_training_stage(built):
     lines = (built / SOURCE).read_text(encoding="utf-8").splitlines(keepends=True)
-    base = fingerprints(built, built / SOURCE)
+    base = fingerprints(built / SOURCE)
     for k in range(200):
         cand = lines + [json.dumps({"prompt": f"One day a small bird named Kiki sang song {k}."}) + "\n"]
         (built / "probe.jsonl").write_text("".join(cand), encoding="utf-8")
-        if fingerprints(built, built / "probe.jsonl")["train"] == base["train"]:
+        if fingerprints(built / "probe.jsonl")["train"] == base["train"]:
             break
     cfg = source_variant(built, "appended_eval", cand)
     assert planned_jobs(built, "--configfile", cfg) == {}
