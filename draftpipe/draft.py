@@ -7,6 +7,18 @@ that speculators' training CLI builds (``create_transformer_layer_config``), opt
 Trainer: ``speculators.train.trainer.Trainer``; on machines without an accelerator the draft uses the ``sdpa``
 attention and the eager loss (the defaults, flex attention and a Triton loss, need a GPU; tiny-verifier §10).
 
+Resumable training: after each epoch (training, then validation) the trainer writes a checkpoint directory
+``<work_dir>/<epoch>/`` holding the speculators-format ``model.safetensors`` and ``config.json`` (bfloat16, what
+is exported) and ``training_state.pt``: the model state in full precision (less the frozen parameters taken from
+the verifier, which the draft is built with again), the optimizer and scheduler states, the epoch and global
+step, the torch, numpy and Python random states, and the metrics logged so far. It is written into a hidden
+temporary directory that is renamed into place, so a process killed during a save never leaves a checkpoint that
+looks complete; the previous checkpoint is removed once the new one is in place. A rerun with the same work
+directory restores all of it from the last complete checkpoint and continues with the next epoch. The batch order
+is a pure function of (seed, epoch) (speculators' multipack sampler), so the result is bit-identical to an
+uninterrupted run. A SIGTERM or SIGINT ends training at once (speculators' save-on-interrupt is not used): the
+epoch in progress is trained again on resume.
+
 The exported directory holds ``model.safetensors`` and ``config.json`` in the speculators format (what
 ``speculators`` saves; vLLM reads it as ``SpeculatorsConfig``), with the aux layer ids written both at the top
 level (read by vLLM's V1 and V2 model runners) and in ``transformer_layer_config.eagle_config`` (read by vLLM's
@@ -17,12 +29,21 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import random
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from draftpipe.hidden_states import iter_shard, read_shard_metadata
+
+log = logging.getLogger(__name__)
+
+#: The file of a checkpoint directory that holds the exact training state (see the module docstring).
+TRAINING_STATE = "training_state.pt"
+STATE_FORMAT = "draftpipe.draft_training_state.v1"
 
 
 @dataclass
@@ -85,11 +106,90 @@ def _dataset_class():
     return ShardDataset
 
 
+def latest_checkpoint(work_dir: str | os.PathLike) -> tuple[int, Path] | None:
+    """The last complete epoch checkpoint in a training work directory, as ``(epoch, directory)``, or None.
+
+    A checkpoint is complete when its directory is named by its epoch number and holds :data:`TRAINING_STATE`.
+    Saves write into a hidden ``.<epoch>.tmp-*`` directory renamed into place at the end, so the directories of an
+    interrupted save (and epoch directories of other layouts, without the state file) never count.
+    """
+    root = Path(work_dir)
+    if not root.is_dir():
+        return None
+    best = None
+    for d in root.iterdir():
+        if d.is_symlink() or not d.is_dir() or not d.name.isdigit() or not (d / TRAINING_STATE).is_file():
+            continue
+        if best is None or int(d.name) > best[0]:
+            best = (int(d.name), d)
+    return best
+
+
+def clean_work_dir(work_dir: str | os.PathLike) -> list[Path]:
+    """Remove everything in a training work directory that is not part of the last complete checkpoint: the
+    temporary directories of interrupted saves, incomplete and older epoch directories, and symlinks. Other files
+    are left. Returns the removed paths."""
+    root = Path(work_dir)
+    if not root.is_dir():
+        return []
+    latest = latest_checkpoint(root)
+    removed = []
+    for d in sorted(root.iterdir()):
+        if latest is not None and d == latest[1]:
+            continue
+        if d.is_symlink():
+            d.unlink()
+        elif d.is_dir() and (d.name.isdigit() or (d.name.startswith(".") and (".tmp-" in d.name or ".old-" in d.name))):
+            shutil.rmtree(d)
+        else:
+            continue
+        removed.append(d)
+    return removed
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> dict:
+    """The random states training can draw from: torch (CPU and, where present, every CUDA device), numpy's
+    global generator and Python's ``random``, in types ``torch.load(weights_only=True)`` reads back."""
+    import numpy as np
+    import torch
+
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
+             "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore the random states saved by :func:`rng_state`."""
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 def _trainer_class():
     import time
 
     import torch
     from speculators.train import trainer as trainer_module
+    from speculators.train.checkpointer import SingleGPUCheckpointer, convert_float_dtype, patch_config_dtype
     from speculators.train.trainer import Trainer
 
     if torch.accelerator.current_accelerator() is None:
@@ -107,16 +207,142 @@ def _trainer_class():
 
         trainer_module._StepTimer = _CpuStepTimer
 
-    class DeviceAwareTrainer(Trainer):
-        """speculators' Trainer, placed on the CPU when the machine has no accelerator (it assumes ``cuda:rank``)."""
+    class ExactCheckpointer(SingleGPUCheckpointer):
+        """speculators' single-process checkpointer reading the exact state of :data:`TRAINING_STATE` (its own
+        files hold the weights and optimizer moments in bfloat16, which a resumed run cannot continue exactly) and
+        counting only complete checkpoints (:func:`latest_checkpoint`)."""
+
+        def __init__(self, path):
+            for removed in clean_work_dir(path):
+                log.info("removed %s (interrupted save, incomplete or superseded checkpoint)", removed)
+            super().__init__(path)
+            self.state = None
+            if self.prev_path is not None:
+                self.state = torch.load(self.prev_path / TRAINING_STATE, map_location="cpu", weights_only=True)
+                if self.state.get("format") != STATE_FORMAT or self.state.get("epoch") != self.previous_epoch:
+                    raise ValueError(f"{self.prev_path / TRAINING_STATE}: not a {STATE_FORMAT} state of epoch "
+                                     f"{self.previous_epoch}")
+
+        def _get_previous_epoch(self) -> int:
+            found = latest_checkpoint(self.path)
+            return -1 if found is None else found[0]
+
+        def load_model_state_dict(self, model, float_dtype=None):
+            """Restore the weights and buffers of the checkpoint exactly (frozen verifier parameters, not saved,
+            are those the model was built with)."""
+            missing, unexpected = model.load_state_dict(self.state["model"], strict=False)
+            frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+            if unexpected or set(missing) != set(self.state["frozen"]) or not set(missing) <= frozen:
+                raise ValueError(f"{self.prev_path / TRAINING_STATE} does not fit the draft: missing {missing}, "
+                                 f"unexpected {unexpected}")
+
+        def load_optimizer_state_dict(self, model, optimizer, float_dtype=None):
+            """Restore the optimizer states (moments and step counts) exactly."""
+            optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+            for opt, sd in zip(optimizers, self.state["optimizers"], strict=True):
+                opt.load_state_dict(sd)
+
+        def load_scheduler_state_dict(self, scheduler):
+            """Restore the learning-rate schedulers and the learning rate they set."""
+            schedulers = scheduler if isinstance(scheduler, (list, tuple)) else [scheduler]
+            for sched, sd in zip(schedulers, self.state["schedulers"], strict=True):
+                sched.load_state_dict(sd)
+                for group, lr in zip(sched.optimizer.param_groups, sched.get_last_lr(), strict=True):
+                    group["lr"] = lr
+
+        def load_best_val_loss(self):
+            """Not tracked: the draft exported is the last epoch's."""
+            return None
+
+    class ResumableTrainer(Trainer):
+        """speculators' Trainer, placed on the CPU when the machine has no accelerator (it assumes ``cuda:rank``),
+        that saves an exact, atomically written checkpoint after each epoch and resumes from the last one."""
 
         def setup_trainer(self):
+            """Place the trainer, then find the last complete checkpoint (speculators' setup reads the epoch and
+            global step to continue from through :meth:`_load_training_state`)."""
             if torch.accelerator.current_accelerator() is None:
                 self.local_rank = torch.device("cpu")
                 self.device_type = "cpu"
+            if self.is_distributed:
+                raise NotImplementedError("draftpipe trains the draft in one process")
+            self.checkpointer = ExactCheckpointer(self.config.save_path)
+            self.metric_records: list[dict] = []
             super().setup_trainer()
 
-    return DeviceAwareTrainer
+        def _load_training_state(self) -> dict:
+            state = self.checkpointer.state
+            return {"epoch": state["epoch"], "local_step": 0, "global_step": state["global_step"]}
+
+        def save_epoch_checkpoint(self, epoch: int) -> Path:
+            """Write the checkpoint of a finished epoch atomically; remove the previous one."""
+            root = self.checkpointer.path
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{epoch}.tmp-", dir=root))
+            try:
+                model = self.model
+                state_dict = model.state_dict()
+                # frozen parameters (the verifier's lm_head and norm, the embeddings unless trained) are rebuilt
+                # from the verifier on resume; everything else is saved in full precision
+                frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+                model.save_pretrained(tmp, state_dict=convert_float_dtype(state_dict, torch.bfloat16))
+                patch_config_dtype(tmp / "config.json", torch.bfloat16)
+                torch.save({
+                    "format": STATE_FORMAT,
+                    "epoch": epoch,
+                    "global_step": self.global_step,
+                    "model": {k: v.detach().cpu() for k, v in state_dict.items() if k not in frozen},
+                    "frozen": sorted(frozen),
+                    "optimizers": [opt.state_dict() for opt in self.optimizers],
+                    "schedulers": [sched.state_dict() for sched in self.schedulers],
+                    "rng": rng_state(),
+                    "metrics": self.metric_records,
+                }, tmp / TRAINING_STATE)
+                for f in tmp.iterdir():
+                    _fsync_path(f)
+                umask = os.umask(0)
+                os.umask(umask)
+                tmp.chmod(0o777 & ~umask)  # mkdtemp's directory is private
+                _fsync_path(tmp)
+                final = root / str(epoch)
+                if final.exists():  # an incomplete directory of another layout
+                    final.rename(root / f".{epoch}.old-{os.getpid()}")
+                os.rename(tmp, final)
+                _fsync_path(root)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            clean_work_dir(root)
+            log.info("saved epoch %d checkpoint %s", epoch, final)
+            return final
+
+        def run_training(self):
+            """Train the epochs after the last checkpoint (all of them on a fresh work directory)."""
+            ckpt = self.checkpointer
+            n_epochs = self.config.num_epochs
+            if ckpt.state is not None:
+                set_rng_state(ckpt.state["rng"])
+                self.metric_records = list(ckpt.state["metrics"])
+                log.info("resuming from epoch %d checkpoint %s (global step %d, %d of %d epochs left)",
+                         ckpt.previous_epoch, ckpt.prev_path, self.global_step, n_epochs - self.current_epoch,
+                         n_epochs)
+            else:
+                log.info("no checkpoint in %s; training %d epochs from the start", ckpt.path, n_epochs)
+            collector = _MetricsCollector()
+            metric_logger = logging.getLogger("speculators.metrics")
+            metric_logger.addHandler(collector)
+            metric_logger.setLevel(logging.INFO)
+            try:
+                for epoch in range(self.current_epoch, n_epochs):
+                    self.train_epoch(epoch)
+                    if self.val_loader is not None:
+                        self.val_epoch(epoch)
+                    self.metric_records.extend(collector.take())
+                    self.save_epoch_checkpoint(epoch)
+            finally:
+                metric_logger.removeHandler(collector)
+
+    return ResumableTrainer
 
 
 class _MetricsCollector(logging.Handler):
@@ -128,7 +354,13 @@ class _MetricsCollector(logging.Handler):
 
     def emit(self, record):
         if isinstance(record.msg, dict):
-            self.records.append(record.msg)
+            # the per-step timing profile is left out: it differs between runs and is not a training metric
+            self.records.append({k: v for k, v in record.msg.items() if k != "profile"})
+
+    def take(self) -> list[dict]:
+        """The records collected since the last call."""
+        out, self.records = self.records, []
+        return out
 
 
 def epoch_metrics(records: list[dict]) -> list[dict]:
@@ -192,8 +424,9 @@ def build_draft(verifier_dir: str, aux_ids: list[int], d2t, t2d, draft_vocab_siz
 def train_draft(verifier_dir: str, shards: list[str], vocab_maps: str, work_dir: str, s: DraftSettings) -> tuple[Path, list[dict]]:
     """Train the draft; return the directory of the final epoch's checkpoint and the per-epoch metrics.
 
-    Training state lives in ``work_dir`` (speculators' checkpointer layout ``<epoch>/``); a rerun with the same
-    ``work_dir`` resumes after the last finished epoch.
+    Training state lives in ``work_dir``: one exact checkpoint ``<epoch>/`` of the last finished epoch (see the
+    module docstring). A rerun with the same ``work_dir`` resumes after that epoch, logging
+    ``resuming from epoch N checkpoint <dir>``, and ends with the same weights as an uninterrupted run.
 
     Raises:
         ShardError: a shard is truncated or corrupt. ValueError: inconsistent shards (aux ids, hidden size).
@@ -230,21 +463,9 @@ def train_draft(verifier_dir: str, shards: list[str], vocab_maps: str, work_dir:
     cfg = TrainerConfig(lr=s.lr, num_epochs=s.epochs, save_path=str(work_dir), resume_from_checkpoint=True,
                         train_call_kwargs=call_kw, val_call_kwargs=call_kw, scheduler_type=s.scheduler_type,
                         hidden_states_dtype=hs_dtype)
-    metric_logger = logging.getLogger("speculators.metrics")
-    collector = _MetricsCollector()
-    metric_logger.addHandler(collector)
-    metric_logger.setLevel(logging.INFO)
-    try:
-        trainer = _trainer_class()(model, cfg, train_loader, val_loader)
-        trainer.run_training()
-    finally:
-        metric_logger.removeHandler(collector)
-    history = Path(work_dir) / "metrics.jsonl"
-    with open(history, "a", encoding="utf-8") as fh:
-        for rec in collector.records:
-            fh.write(json.dumps(rec) + "\n")
-    records = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
-    return Path(work_dir) / str(s.epochs - 1), epoch_metrics(records)
+    trainer = _trainer_class()(model, cfg, train_loader, val_loader)
+    trainer.run_training()
+    return Path(work_dir) / str(s.epochs - 1), epoch_metrics(trainer.metric_records)
 
 
 def finalize_config(config: dict, aux_ids: list[int], verifier: str) -> dict:

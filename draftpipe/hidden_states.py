@@ -28,6 +28,7 @@ over thousands of shards before a build) and catches truncation, missing tensors
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -158,7 +159,8 @@ def load_verifier_model(path: str, dtype: str = "float32") -> Any:
 
 
 def write_shard(path: str, samples: list[dict], metadata: dict) -> None:
-    """Write samples as one safetensors shard, atomically (see :mod:`draftpipe.io`).
+    """Write samples as one safetensors shard, atomically, with a canonical header (equal samples and metadata
+    give equal bytes; see :func:`draftpipe.io.save_safetensors`).
 
     Args:
         path: destination ``.safetensors`` file.
@@ -166,16 +168,13 @@ def write_shard(path: str, samples: list[dict], metadata: dict) -> None:
         metadata: JSON-serialisable values stored (JSON-encoded) in the file metadata, beside ``format``,
             ``num_samples`` and ``num_tokens`` which this function records.
     """
-    from safetensors.torch import save_file
-
-    from draftpipe.io import atomic_path
+    from draftpipe.io import save_safetensors
 
     tensors = {f"{i:06d}.{k}": s[k] for i, s in enumerate(samples) for k in KEYS}
     meta = {"format": FORMAT, "num_samples": str(len(samples)),
             "num_tokens": str(sum(int(s["input_ids"].numel()) for s in samples)),
             **{k: json.dumps(v) for k, v in metadata.items()}}
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
+    save_safetensors(path, tensors, meta)
 
 
 def read_shard_metadata(path: str) -> dict:
@@ -406,20 +405,34 @@ def iter_shard(path: str):
             yield {k: fh.get_tensor(f"{i:06d}.{k}") for k in KEYS}
 
 
-def check_shards_cached(paths: Iterable[str], cache_file: str | os.PathLike, **expect: int | None) -> dict[str, str]:
-    """:func:`check_shard_header` over many shards, remembering the shards that passed.
+def shard_problem(path: str, *, aux_layers: int | None = None, hidden_size: int | None = None) -> str | None:
+    """Why a shard must not be trained on, from the full check :func:`validate_shard` (header and every value), as
+    one line without the path, or None when it is sound."""
+    try:
+        validate_shard(path, aux_layers=aux_layers, hidden_size=hidden_size)
+    except ShardError as exc:
+        msg = str(exc)
+        return msg[len(f"{path}: "):] if msg.startswith(f"{path}: ") else msg
+    return None
+
+
+def check_shards_cached(paths: Iterable[str], cache_file: str | os.PathLike, full: bool = False,
+                        **expect: int | None) -> dict[str, str]:
+    """:func:`check_shard_header` (or, with ``full``, :func:`shard_problem`) over many shards, remembering the
+    shards that passed.
 
     A shard that passed before is not read again while its size, mtime and inode are unchanged, so a no-op dry run
     over thousands of shards costs one ``stat`` each. Used when the workflow is parsed, to find truncated or
-    corrupt shards before Snakemake decides what to rebuild.
+    corrupt shards before Snakemake decides what to rebuild, and (``full``) by the draft job before it trains.
 
     Args:
         paths: shard files; missing ones are skipped.
         cache_file: JSON file of the shards that passed (written atomically; a damaged cache is ignored).
-        expect: ``aux_layers`` and ``hidden_size`` passed to :func:`check_shard_header`.
+        full: read every value (finite states, 0/1 loss mask), not only the header.
+        expect: ``aux_layers`` and ``hidden_size`` passed to the check.
 
     Returns:
-        ``{path: reason}`` for each shard that fails the header check (empty when all pass).
+        ``{path: reason}`` for each shard that fails the check (empty when all pass).
     """
     from draftpipe.io import write_json
 
@@ -428,7 +441,8 @@ def check_shards_cached(paths: Iterable[str], cache_file: str | os.PathLike, **e
         cache = json.loads(cache_path.read_text())
     except (OSError, ValueError):
         cache = {}
-    tag = json.dumps(expect, sort_keys=True)
+    tag = json.dumps({**expect, "full": True} if full else expect, sort_keys=True)
+    check = shard_problem if full else check_shard_header
     bad, fresh = {}, {}
     for p in paths:
         try:
@@ -439,7 +453,7 @@ def check_shards_cached(paths: Iterable[str], cache_file: str | os.PathLike, **e
         if cache.get(p) == key:
             fresh[p] = key
             continue
-        reason = check_shard_header(p, **expect)
+        reason = check(p, **expect)
         if reason is None:
             fresh[p] = key
         else:
@@ -450,3 +464,34 @@ def check_shards_cached(paths: Iterable[str], cache_file: str | os.PathLike, **e
         except OSError:
             pass  # a read-only results tree still gets checked, just not remembered
     return bad
+
+
+def require_sound_shards(paths: list[str], results_dir: str | os.PathLike, cache_file: str | os.PathLike) -> None:
+    """Refuse to train on a damaged shard: run the full check (:func:`check_shards_cached` with ``full``) and move
+    every shard that fails into ``<results_dir>/.quarantine/`` (:func:`draftpipe.provenance.quarantine`), together
+    with the stage-store entry it links (``<results_dir>/.store/hidden_states/``, the same file), so that the next
+    run computes it again instead of linking the damaged data.
+
+    Raises:
+        ShardError: naming each damaged shard, why, and where it was moved; the next ``snakemake`` run rebuilds
+            them (they are missing inputs of the job that failed).
+    """
+    from draftpipe.provenance import quarantine
+    from draftpipe.stage import STORE
+
+    bad = check_shards_cached(paths, cache_file, full=True)
+    if not bad:
+        return
+    store = Path(results_dir) / STORE / "hidden_states"
+    entries = list(store.glob("*.safetensors")) if store.is_dir() else []
+    for path in bad:
+        st = os.stat(path)
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):
+                est = entry.stat()
+                if (est.st_ino, est.st_dev) == (st.st_ino, st.st_dev):
+                    entry.unlink()
+    moved = {str(src): dest for src, dest in quarantine(sorted(bad), results_dir)}
+    lines = [f"{path}: {reason}; moved to {moved.get(str(Path(path)), '?')}" for path, reason in sorted(bad.items())]
+    raise ShardError(f"{len(bad)} damaged hidden-state shard(s), not trained on:\n" + "\n".join(lines)
+                     + "\nrun snakemake again: it rebuilds them")

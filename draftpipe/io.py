@@ -8,6 +8,7 @@ leaves only a ``.<name>.tmp-*`` file behind, which no rule ever takes as input.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -48,6 +49,68 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def save_safetensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, str]) -> None:
+    """Write ``tensors`` (name -> torch tensor) and string ``metadata`` as one safetensors file, atomically and
+    with a canonical header, so that equal contents give equal bytes.
+
+    safetensors keeps ``__metadata__`` in a hash map, serialised in an order that differs from process to process;
+    the header is rewritten in place with the metadata keys sorted (same length, JSON kept compact, padded with
+    spaces as safetensors pads it).
+
+    Raises:
+        ValueError: a metadata value is not a string (safetensors' own rule).
+    """
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+        canonicalize_safetensors_header(tmp)
+
+
+def canonicalize_safetensors_header(path: str | os.PathLike) -> bool:
+    """Rewrite a safetensors file's header in place with ``__metadata__`` first and its keys sorted.
+
+    The tensor entries keep their order and offsets, and the header keeps its length (the data section does not
+    move). Returns False, leaving the file as it was, when the canonical header would not fit the original length
+    (it never does for compact headers, the form safetensors writes).
+    """
+    with open(path, "rb+") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(n))
+        meta = header.pop("__metadata__", None)
+        canonical = {} if meta is None else {"__metadata__": dict(sorted(meta.items()))}
+        canonical.update(header)
+        raw = json.dumps(canonical, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if len(raw) > n:
+            return False
+        fh.seek(8)
+        fh.write(raw.ljust(n, b" "))
+    return True
+
+
+def remove_interrupted_writes(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Remove what interrupted writes of ``paths`` left beside each path: ``.<name>.tmp-*`` files and directories
+    (:func:`atomic_path`'s, :func:`draftpipe.stage.link_output`'s, a directory artifact's build directory) and
+    ``.<name>.old-*`` (a replaced directory not yet deleted). Call it only while nothing else can be writing those
+    paths: a job's own outputs at its start (Snakemake runs one job per output). Returns the removed paths."""
+    import shutil
+
+    removed = []
+    for path in paths:
+        dest = Path(path)
+        if not dest.parent.is_dir():
+            continue
+        name = glob.escape(dest.name)
+        for left in [*dest.parent.glob(f".{name}.tmp-*"), *dest.parent.glob(f".{name}.old-*")]:
+            if left.is_dir() and not left.is_symlink():
+                shutil.rmtree(left, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    left.unlink()
+            removed.append(left)
+    return removed
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -153,8 +153,9 @@ def start_job(smk) -> None:
     """What every job script does first, given Snakemake's ``snakemake`` object: continue in the ML environment
     (:func:`ensure_ml_python`), send output to the rule's log, take the job's own GPUs (``resources.gpu``,
     :func:`draftpipe.gpus.hold`), use the job's ``threads`` in torch, remove the outputs' previous provenance
-    manifests and write new ones when the script has run to its end (:func:`draftpipe.provenance.write_manifests`;
-    nothing is written when it fails or exits early)."""
+    manifests and the temporary files a killed earlier run of the job left beside its outputs
+    (:func:`draftpipe.io.remove_interrupted_writes`), and write new manifests when the script has run to its end
+    (:func:`draftpipe.provenance.write_manifests`; nothing is written when it fails or exits early)."""
     started_at = os.environ.get(_STARTED_AT_ENV)
     if not started_at:
         from draftpipe.provenance import now_iso
@@ -169,9 +170,13 @@ def start_job(smk) -> None:
     hold(int(getattr(smk.resources, "gpu", 0) or 0))
     if importlib.util.find_spec("torch") is not None:
         limit_threads(smk.threads)
-    from draftpipe.provenance import remove_manifests
+    from draftpipe.io import remove_interrupted_writes
+    from draftpipe.provenance import manifest_path, remove_manifests
 
     remove_manifests(smk)  # Snakemake has removed the outputs they described
+    outputs = [str(o) for o in smk.output]
+    for tmp in remove_interrupted_writes(outputs + [str(manifest_path(o)) for o in outputs]):
+        print(f"removed {tmp} (left by an interrupted write of this output)", flush=True)
     on_successful_exit(lambda: _write_manifests(smk, started_at))
 
 

@@ -152,6 +152,11 @@ def run_stage(own: ShardTask, siblings: list[ShardTask], store: Path, suffix: st
     if own.shard not in {t.shard for t in tasks}:
         tasks = [*tasks, own]
     with stage_lock(store):
+        # under the lock nothing writes into the store: a temporary file there is a killed job's
+        for tmp in store.glob(".*.tmp-*"):
+            if tmp.is_file():
+                tmp.unlink()
+                print(f"removed {tmp.name} (left in the store by an interrupted job)", flush=True)
         todo = []
         for t in tasks:
             if not all(os.path.exists(p) for p in t.inputs):

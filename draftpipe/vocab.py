@@ -98,16 +98,14 @@ def check_maps(d2t: "torch.Tensor", t2d: "torch.Tensor", vocab_size: int) -> Non
 
 
 def write_maps(path: str, d2t, t2d, vocab_size: int, draft_vocab_size: int) -> None:
-    """Write the maps as safetensors (``d2t``, ``t2d``; no tensors when there is no mapping), atomically."""
-    from safetensors.torch import save_file
-
-    from draftpipe.io import atomic_path
+    """Write the maps as safetensors (``d2t``, ``t2d``; no tensors when there is no mapping), atomically, with a
+    canonical header (:func:`draftpipe.io.save_safetensors`)."""
+    from draftpipe.io import save_safetensors
 
     tensors = {} if d2t is None else {"d2t": d2t.contiguous(), "t2d": t2d.contiguous()}
     meta = {"format": FORMAT, "vocab_size": str(vocab_size), "draft_vocab_size": str(draft_vocab_size),
             "mapping": "none" if d2t is None else "d2t"}
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
+    save_safetensors(path, tensors, meta)
 
 
 def read_maps(path: str):

@@ -8,11 +8,16 @@ from draftpipe.runtime import start_job
 
 start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 
+from draftpipe.io import remove_interrupted_writes
 from draftpipe.verifier import convert_gguf
+
+out_dir = Path(snakemake.output.config).parent
+for left in remove_interrupted_writes([out_dir]):  # a build directory of a killed conversion
+    print(f"removed {left} (left by an interrupted conversion)", flush=True)
 
 summary = convert_gguf(
     snakemake.input.gguf,
-    str(Path(snakemake.output.config).parent),
+    str(out_dir),
     head_dim=snakemake.params.head_dim,
     max_position_embeddings=snakemake.params.max_position_embeddings,
 )

@@ -11,9 +11,13 @@ from draftpipe.runtime import start_job
 start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 
 from draftpipe.draft import export_draft, metrics_frame, settings_from_params, train_draft  # noqa: E402
+from draftpipe.hidden_states import require_sound_shards  # noqa: E402
 from draftpipe.io import atomic_path  # noqa: E402
 
 p = snakemake.params
+# never train on a damaged shard: it is quarantined (with its store entry) and the job fails naming it
+require_sound_shards(list(snakemake.input.shards), Path(snakemake.output.model).parents[1],
+                     ".snakemake/draftpipe/shard_values.json")
 settings = settings_from_params(dict(p.draft))
 # Training state is keyed by everything that shapes it, so a rerun after a crash resumes, and a changed
 # knob or input starts afresh.

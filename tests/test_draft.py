@@ -1,11 +1,47 @@
-"""Draft stage helpers: per-epoch metrics, where the aux ids are written, acceptance arithmetic."""
+"""Draft stage: per-epoch metrics, where the aux ids are written, acceptance arithmetic, and training that
+resumes after a SIGKILL from its last checkpoint to the same bytes as an uninterrupted run."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
-from draftpipe.draft import epoch_metrics, finalize_config, settings_from_params
+from conftest import REPO, TINYSTORIES
+from draftpipe.draft import (
+    TRAINING_STATE,
+    clean_work_dir,
+    epoch_metrics,
+    finalize_config,
+    latest_checkpoint,
+    settings_from_params,
+)
+from draftpipe.io import sha256_file
 from draftpipe.spec_decode import acceptance_from_counters
+
+AUX = [1, 2, 4]
+EPOCHS = 3
+
+# One training run in its own process (so it can be killed), logging to stdout.
+TRAIN = """
+import json, logging, sys
+import torch
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
+torch.set_num_threads(1)
+from draftpipe.draft import DraftSettings, export_draft, train_draft
+verifier, shards, maps, work, out, epochs = sys.argv[1:7]
+settings = DraftSettings(epochs=int(epochs), lr=3e-3, total_seq_len=256, val_every=5, seed=0)
+checkpoint, rows = train_draft(verifier, shards.split(","), maps, work, settings)
+export_draft(checkpoint, out + "/model.safetensors", out + "/config.json", [1, 2, 4], "verifier")
+with open(out + "/metrics.json", "w") as fh:
+    json.dump(rows, fh)
+"""
 
 
 def test_epoch_metrics_average_steps_and_keep_validation():
@@ -58,3 +94,111 @@ def test_counters_read_from_vllm_metric_objects():
                M(name="vllm:num_requests_running", value=3.0)]
     a = read_spec_counters(metrics)
     assert a["acceptance_length"] == 2.5 and a["per_position_acceptance"] == [0.8, 0.5, 0.2]
+
+
+def test_latest_checkpoint_ignores_and_cleans_incomplete_saves(tmp_path):
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / TRAINING_STATE).write_bytes(b"state")
+    (tmp_path / "1").mkdir()  # complete checkpoint, superseded by 3
+    (tmp_path / "1" / TRAINING_STATE).write_bytes(b"state")
+    (tmp_path / "3").mkdir()
+    (tmp_path / "3" / TRAINING_STATE).write_bytes(b"state")
+    (tmp_path / "4").mkdir()  # weights written, state missing: not a checkpoint
+    (tmp_path / "4" / "model.safetensors").write_bytes(b"partial")
+    (tmp_path / ".5.tmp-abc").mkdir()  # a save killed before its rename
+    (tmp_path / ".5.tmp-abc" / TRAINING_STATE).write_bytes(b"partial")
+    (tmp_path / "epoch4_end").symlink_to("4")
+    (tmp_path / "notes.txt").write_text("kept")
+    assert latest_checkpoint(tmp_path) == (3, tmp_path / "3")
+    removed = clean_work_dir(tmp_path)
+    assert sorted(p.name for p in removed) == [".5.tmp-abc", "0", "1", "4", "epoch4_end"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["3", "notes.txt"]
+    assert latest_checkpoint(tmp_path / "missing") is None
+    assert latest_checkpoint(tmp_path / "4") is None
+
+
+@pytest.fixture(scope="module")
+def shards(verifier_dir, tmp_path_factory):
+    """Two real hidden-state shards of the verifier over the TinyStories prompts (first 12 tokens as the prompt,
+    the rest as the completion), and their vocab maps."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from draftpipe.hidden_states import build_sample, load_verifier_model, write_shard
+    from draftpipe.io import read_jsonl
+    from draftpipe.vocab import build_maps, count_tokens, write_maps
+
+    out = tmp_path_factory.mktemp("shards")
+    tok = AutoTokenizer.from_pretrained(str(verifier_dir))
+    model = load_verifier_model(str(verifier_dir), "float32")
+    n_layers = model.config.num_hidden_layers
+    rows = []
+    for rec in read_jsonl(TINYSTORIES):
+        ids = tok(rec["prompt"])["input_ids"]
+        rows.append({"prompt_token_ids": ids[:12], "completion_token_ids": ids[12:]})
+    samples = [build_sample(model, row, AUX, n_layers, 512, torch.bfloat16) for row in rows]
+    paths = []
+    for i, part in enumerate((samples[::2], samples[1::2])):
+        path = out / f"train_{i:05d}.safetensors"
+        write_shard(str(path), part, {"aux_layer_ids": AUX, "num_layers": n_layers, "hidden_size": 64})
+        paths.append(str(path))
+    vocab = model.config.vocab_size
+    d2t, t2d = build_maps(count_tokens(samples, vocab), 256)
+    maps = out / "vocab_maps.safetensors"
+    write_maps(str(maps), d2t, t2d, vocab, 256)
+    return paths, str(maps)
+
+
+def _train_cmd(verifier_dir, shards, work, out):
+    paths, maps = shards
+    out.mkdir(parents=True, exist_ok=True)
+    return [sys.executable, "-c", TRAIN, str(verifier_dir), ",".join(paths), maps, str(work), str(out), str(EPOCHS)]
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def test_training_killed_after_a_checkpoint_resumes_to_identical_bytes(verifier_dir, shards, tmp_path):
+    # reference: one uninterrupted run
+    ref = subprocess.run(_train_cmd(verifier_dir, shards, tmp_path / "ref_work", tmp_path / "ref"),
+                         env=_env(), cwd=tmp_path, capture_output=True, text=True)
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    assert "resuming from epoch" not in ref.stdout
+
+    # the same training, SIGKILLed as soon as its first epoch checkpoint is complete
+    work = tmp_path / "work"
+    log = open(tmp_path / "killed.log", "w")
+    proc = subprocess.Popen(_train_cmd(verifier_dir, shards, work, tmp_path / "out"), env=_env(), cwd=tmp_path,
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        while latest_checkpoint(work) is None and proc.poll() is None:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+        log.close()
+    assert proc.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
+    killed_at = latest_checkpoint(work)
+    assert killed_at is not None and killed_at[0] < EPOCHS - 1  # it stopped with epochs left to train
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+    # what a SIGKILL during a save leaves: a temporary directory, and an epoch directory without the state file
+    (work / f".{killed_at[0] + 1}.tmp-x").mkdir()
+    (work / f".{killed_at[0] + 1}.tmp-x" / "model.safetensors").write_bytes(b"partial")
+    (work / str(killed_at[0] + 2)).mkdir()
+    (work / str(killed_at[0] + 2) / "model.safetensors").write_bytes(b"partial")
+
+    rerun = subprocess.run(_train_cmd(verifier_dir, shards, work, tmp_path / "out"), env=_env(), cwd=tmp_path,
+                           capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    m = re.search(r"resuming from epoch (\d+) checkpoint (\S+)", rerun.stdout)
+    assert m, rerun.stdout[-3000:]
+    assert int(m.group(1)) == killed_at[0] and m.group(2) == str(killed_at[1])
+    # only the final checkpoint is left
+    assert sorted(p.name for p in work.iterdir()) == [str(EPOCHS - 1)]
+
+    for name in ("model.safetensors", "config.json"):
+        assert sha256_file(tmp_path / "out" / name) == sha256_file(tmp_path / "ref" / name), name
+    rows = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert [r["epoch"] for r in rows] == list(range(EPOCHS))
+    assert rows == json.loads((tmp_path / "ref" / "metrics.json").read_text())

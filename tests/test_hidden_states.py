@@ -222,3 +222,36 @@ def test_header_check_over_a_thousand_shards(tmp_path):
     reasons = {p.name: check_shard_header(str(p)) for p in paths}
     bad = {name: r for name, r in reasons.items() if r is not None}
     assert list(bad) == ["train_00500.safetensors"] and bad["train_00500.safetensors"].startswith("truncated")
+
+
+def test_a_damaged_shard_is_quarantined_with_its_store_entry_and_named(tmp_path, monkeypatch):
+    from draftpipe.hidden_states import require_sound_shards
+
+    monkeypatch.chdir(tmp_path)
+    results, store = Path("results"), Path("results/.store/hidden_states")
+    store.mkdir(parents=True)
+    (results / "hidden_states").mkdir()
+    shards = []
+    for i in range(2):  # as the stage leaves them: each output a hard link to its store entry
+        entry = write_synthetic(store / f"{i:05d}.{'ab' * 16}.safetensors", samples=synthetic_samples((4, 6), seed=i))
+        out = results / "hidden_states" / f"train_{i:05d}.safetensors"
+        out.hardlink_to(entry)
+        shards.append(str(out))
+    cache = ".snakemake/draftpipe/shard_values.json"
+    require_sound_shards(shards, results, cache)  # sound: nothing happens, both remembered
+    assert sorted(json.loads(Path(cache).read_text())) == shards
+
+    header, start = header_of(Path(shards[1]))
+    overwrite(Path(shards[1]), start + header["000001.hidden_states"]["data_offsets"][0], b"\xc0\x7f")
+    with pytest.raises(ShardError) as err:
+        require_sound_shards(shards, results, cache)
+    msg = str(err.value)
+    assert msg.startswith("1 damaged hidden-state shard(s), not trained on:\n"
+                          "results/hidden_states/train_00001.safetensors: 000001.hidden_states: 1 non-finite values "
+                          "(NaN or Inf); moved to results/.quarantine/")
+    assert msg.endswith("\nrun snakemake again: it rebuilds them")
+    assert not Path(shards[1]).exists() and Path(shards[0]).exists()
+    assert [p.name for p in store.glob("00001.*")] == []  # the damaged entry is not linked again
+    assert len(list(store.glob("00000.*"))) == 1
+    [moved] = (results / ".quarantine").glob("*/hidden_states/train_00001.safetensors")
+    assert check_shard_header(str(moved)) is None  # moved intact, for inspection

@@ -56,3 +56,53 @@ def test_jsonl_roundtrip_and_error_names_line(tmp_path):
     dest.write_text('{"a": 1}\n[1, 2]\n')
     with pytest.raises(ValueError, match=r"r\.jsonl:2: expected a JSON object"):
         read_jsonl(dest)
+
+
+SAVE = """
+import sys, torch
+sys.path.insert(0, {repo!r})
+from draftpipe.io import save_safetensors
+meta = {{f"key{{i:02d}}": str(i * 7) for i in range(24)}}
+save_safetensors(sys.argv[1], {{"b": torch.arange(6, dtype=torch.int64), "a": torch.ones(2, 3)}}, meta)
+"""
+
+
+def test_save_safetensors_gives_equal_bytes_across_processes(tmp_path):
+    # safetensors serialises __metadata__ from a per-process hash map: two processes writing the same tensors
+    # and 24 metadata keys would differ in header bytes without the canonical rewrite
+    paths = [tmp_path / f"{i}.safetensors" for i in range(3)]
+    for p in paths:
+        subprocess.run([sys.executable, "-c", SAVE.format(repo=str(REPO)), str(p)], check=True)
+    data = [p.read_bytes() for p in paths]
+    assert data[0] == data[1] == data[2]
+    n = int.from_bytes(data[0][:8], "little")
+    header = json.loads(data[0][8:8 + n])
+    assert list(header) == ["__metadata__", *[k for k in header if k != "__metadata__"]]
+    assert list(header["__metadata__"]) == sorted(header["__metadata__"])
+    from safetensors import safe_open
+    import torch
+    with safe_open(str(paths[0]), framework="pt") as fh:
+        assert fh.metadata() == {f"key{i:02d}": str(i * 7) for i in range(24)}
+        assert torch.equal(fh.get_tensor("b"), torch.arange(6, dtype=torch.int64))
+        assert torch.equal(fh.get_tensor("a"), torch.ones(2, 3))
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_remove_interrupted_writes_removes_only_the_outputs_temporary_files(tmp_path):
+    from draftpipe.io import remove_interrupted_writes
+
+    names = ["a[1].jsonl", ".a[1].jsonl.tmp-k3j", ".a[1].jsonl.tmp-link-42", ".b.jsonl.tmp-zz", "a[1].jsonl.tmp-no",
+             ".a1.jsonl.tmp-glob"]
+    for n in names:
+        (tmp_path / n).write_text("x")
+    removed = remove_interrupted_writes([tmp_path / "a[1].jsonl", tmp_path / "missing" / "c.json"])
+    assert sorted(p.name for p in removed) == [".a[1].jsonl.tmp-k3j", ".a[1].jsonl.tmp-link-42"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(set(names) - {p.name for p in removed})
+    # a directory artifact: its build directory and a replaced directory not yet deleted
+    (tmp_path / "verifier").mkdir()
+    for left in (".verifier.tmp-ab12", ".verifier.old-cd34"):
+        (tmp_path / left).mkdir()
+        (tmp_path / left / "model.safetensors").write_text("x")
+    removed = remove_interrupted_writes([tmp_path / "verifier"])
+    assert sorted(p.name for p in removed) == [".verifier.old-cd34", ".verifier.tmp-ab12"]
+    assert (tmp_path / "verifier").is_dir() and not (tmp_path / ".verifier.tmp-ab12").exists()

@@ -167,3 +167,16 @@ def test_check_jsonl_names_the_damage(tmp_path):
     assert check_jsonl(p) == "line 2 is not a JSON object"
     p.write_text('{"a": 1}\n{"b": \n')
     assert check_jsonl(p) == "line 2 is not valid JSON"
+
+
+def test_temporary_files_of_a_killed_job_are_swept_under_the_lock(tmp_path):
+    calls = []
+    store = tmp_path / "store"
+    store.mkdir()
+    # what a SIGKILL during compute leaves: atomic_path's temporary entry, plus a finished entry of another stage
+    left = store / ".00001.0123abcd.txt.tmp-x1y2"
+    left.write_text("PROM")
+    job(tmp_path, 0, calls)
+    assert not left.exists()
+    assert sorted(p.name for p in store.iterdir() if p.name.startswith(".")) == [".lock"]
+    assert (tmp_path / "out" / "train_00000.txt").read_text() == "PROMPT 0\n"
