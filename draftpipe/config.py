@@ -90,20 +90,79 @@ def verifier_shape(resolved: dict) -> dict:
             "hidden_size": int(cfg["hidden_size"])}
 
 
-def verifier_identity(resolved: dict, config: dict) -> dict:
-    """What identifies the verifier's weights, for ``params:`` (a change reruns everything the verifier shapes).
+#: Files of a Hugging Face model directory that shape what the verifier generates and how its text is tokenized.
+IDENTITY_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                  "tokenizer.model", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
+                  "chat_template.jinja", "chat_template.json")
+#: Suffixes of weight files (top level of the directory).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+#: Where file digests are remembered between parses of the workflow (relative to the working directory).
+DIGEST_CACHE = ".snakemake/draftpipe/file_hashes.json"
 
-    GGUF: the file's SHA-256 and the conversion settings; local directory: its path (its ``config.json`` is also an
-    input file); hub id: id and revision.
+
+def chat_template_sha256(model_dir: str | Path) -> str | None:
+    """SHA-256 of a model directory's chat template: ``chat_template.jinja``, else ``chat_template.json``'s or
+    ``tokenizer_config.json``'s ``chat_template`` value (a string, or a list of named templates, hashed as
+    canonical JSON). None when the directory has none. transformers reads them in that order."""
+    d = Path(model_dir)
+    if (d / "chat_template.jinja").is_file():
+        return hashlib.sha256((d / "chat_template.jinja").read_bytes()).hexdigest()
+    for name in ("chat_template.json", "tokenizer_config.json"):
+        try:
+            value = json.loads((d / name).read_text(encoding="utf-8")).get("chat_template")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if value:
+            text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+            return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return None
+
+
+def model_dir_identity(model_dir: str | Path, cache_file: str | Path | None = DIGEST_CACHE) -> dict:
+    """Content identity of a Hugging Face model directory: the SHA-256 of each of its :data:`IDENTITY_FILES` and
+    weight files (:data:`WEIGHT_SUFFIXES`, the shard index included) and of its chat template.
+
+    Digests come from :func:`draftpipe.io.cached_sha256`: free for a hub-cache snapshot (blob names), read once per
+    file version otherwise. Returns ``{"files": {name: sha256}, "chat_template_sha256": str | None}``.
     """
+    from draftpipe.io import cached_sha256
+
+    d = Path(model_dir)
+    names = [n for n in IDENTITY_FILES if (d / n).is_file()]
+    names += sorted(p.name for p in d.iterdir() if p.is_file() and (p.name.endswith(WEIGHT_SUFFIXES)
+                                                                  or p.name.endswith(".index.json")))
+    return {"files": {n: cached_sha256(d / n, cache_file) for n in names},
+            "chat_template_sha256": chat_template_sha256(d)}
+
+
+def verifier_identity(resolved: dict, config: dict, cache_file: str | Path | None = DIGEST_CACHE) -> dict:
+    """What identifies the verifier, for ``params:`` (a change reruns everything the verifier shapes; a touch, or
+    the same bytes copied elsewhere, reruns nothing).
+
+    - GGUF: the file's SHA-256 and the conversion settings (the converted directory is an artifact of its own).
+    - local directory: its path and :func:`model_dir_identity` (config, tokenizer, chat template and weights by
+      content).
+    - hub id: the id and the configured revision and, when the model is in the local hub cache, the snapshot's
+      commit and :func:`model_dir_identity` of the snapshot (blob names, nothing read). Pin ``verifier.revision``
+      to a commit where the cache may be updated behind the workflow's back.
+
+    Raises:
+        OSError: a file of the verifier cannot be read.
+    """
+    from draftpipe.io import cached_sha256
+
     v = config["verifier"]
     if resolved["kind"] == "gguf":
-        h = hashlib.sha256(Path(resolved["path"]).read_bytes()).hexdigest()
-        return {"gguf_sha256": h, "head_dim": v.get("gguf_head_dim"),
+        return {"gguf_sha256": cached_sha256(resolved["path"], cache_file), "head_dim": v.get("gguf_head_dim"),
                 "max_position_embeddings": v.get("gguf_max_position_embeddings")}
     if resolved["kind"] == "local":
-        return {"path": str(resolved["path"])}
-    return {"hub_id": resolved["id"], "revision": v.get("revision")}
+        return {"path": str(resolved["path"]), **model_dir_identity(resolved["path"], cache_file)}
+    out = {"hub_id": resolved["id"], "revision": v.get("revision")}
+    snapshot = Path(resolved.get("config_path") or "").parent
+    if snapshot.parent.name == "snapshots":
+        out["commit"] = snapshot.name
+        out.update(model_dir_identity(snapshot, cache_file))
+    return out
 
 
 def check_config(config: dict, resolved: dict) -> dict[str, Any]:

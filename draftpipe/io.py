@@ -182,6 +182,44 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def cached_sha256(path: str | os.PathLike, cache_file: str | os.PathLike | None) -> str:
+    """Hex SHA-256 of a file's bytes, read once per version of the file.
+
+    A file in a Hugging Face hub cache (a symlink to ``blobs/<sha256>``) is named by the SHA-256 of its bytes, so
+    nothing is read. Otherwise the digest is remembered in ``cache_file`` (JSON, written atomically; a damaged
+    cache is ignored) under the file's real path, keyed by its size, mtime and inode: a verifier's weights (up to
+    terabytes) are hashed once, not at every parse of the workflow, and a copy of the same bytes elsewhere is hashed
+    again but gets the same digest.
+
+    Args:
+        path: the file.
+        cache_file: where digests are remembered; None reads the file every time.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    real = Path(path).resolve()
+    if real.parent.name == "blobs" and len(real.name) == 64 and all(c in "0123456789abcdef" for c in real.name):
+        return real.name
+    st = os.stat(real)
+    key = [st.st_size, st.st_mtime_ns, st.st_ino]
+    cache: dict = {}
+    if cache_file is not None:
+        try:
+            cache = json.loads(Path(cache_file).read_text())
+        except (OSError, ValueError):
+            cache = {}
+        hit = cache.get(str(real))
+        if isinstance(hit, dict) and hit.get("stat") == key and isinstance(hit.get("sha256"), str):
+            return hit["sha256"]
+    digest = sha256_file(real)
+    if cache_file is not None:
+        cache[str(real)] = {"stat": key, "sha256": digest}
+        with contextlib.suppress(OSError):
+            write_json(cache_file, cache)
+    return digest
+
+
 def sha256_text(text: str) -> str:
     """Hex SHA-256 of a string's UTF-8 bytes."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
