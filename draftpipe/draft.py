@@ -16,8 +16,10 @@ temporary directory that is renamed into place, so a process killed during a sav
 looks complete; the previous checkpoint is removed once the new one is in place. A rerun with the same work
 directory restores all of it from the last complete checkpoint and continues with the next epoch. The batch order
 is a pure function of (seed, epoch) (speculators' multipack sampler), so the result is bit-identical to an
-uninterrupted run. A SIGTERM or SIGINT ends training at once (speculators' save-on-interrupt is not used): the
-epoch in progress is trained again on resume.
+uninterrupted run. With ``checkpoints_per_epoch`` > 1 the same state is also saved part-way through an epoch
+(``<work_dir>/<epoch>-step<k>/``), and a resume skips the batches of the epoch already trained (speculators'
+sampler slice). A SIGTERM or SIGINT ends training at once (speculators' save-on-interrupt is not used): the steps
+since the last checkpoint are trained again on resume.
 
 The exported directory holds ``model.safetensors`` and ``config.json`` in the speculators format (what
 ``speculators`` saves; vLLM reads it as ``SpeculatorsConfig``), with the aux layer ids written both at the top
@@ -29,8 +31,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -106,29 +110,41 @@ def _dataset_class():
     return ShardDataset
 
 
-def latest_checkpoint(work_dir: str | os.PathLike) -> tuple[int, Path] | None:
-    """The last complete epoch checkpoint in a training work directory, as ``(epoch, directory)``, or None.
+_CHECKPOINT_NAME = re.compile(r"(\d+)(?:-step(\d+))?")
 
-    A checkpoint is complete when its directory is named by its epoch number and holds :data:`TRAINING_STATE`.
-    Saves write into a hidden ``.<epoch>.tmp-*`` directory renamed into place at the end, so the directories of an
-    interrupted save (and epoch directories of other layouts, without the state file) never count.
+
+def checkpoint_name(epoch: int, local_step: int = 0) -> str:
+    """Directory name of a checkpoint: ``<epoch>`` at the end of an epoch, ``<epoch>-step<k>`` after ``k`` steps of
+    it (a mid-epoch checkpoint)."""
+    return str(epoch) if local_step == 0 else f"{epoch}-step{local_step}"
+
+
+def latest_checkpoint(work_dir: str | os.PathLike) -> tuple[int, Path] | None:
+    """The last complete checkpoint in a training work directory, as ``(epoch, directory)``, or None.
+
+    A checkpoint is complete when its directory is named by :func:`checkpoint_name` and holds
+    :data:`TRAINING_STATE`; the end of an epoch comes after all its mid-epoch checkpoints. Saves write into a hidden
+    ``.<name>.tmp-*`` directory renamed into place at the end, so the directories of an interrupted save (and epoch
+    directories of other layouts, without the state file) never count.
     """
     root = Path(work_dir)
     if not root.is_dir():
         return None
     best = None
     for d in root.iterdir():
-        if d.is_symlink() or not d.is_dir() or not d.name.isdigit() or not (d / TRAINING_STATE).is_file():
+        m = _CHECKPOINT_NAME.fullmatch(d.name)
+        if d.is_symlink() or not d.is_dir() or not m or not (d / TRAINING_STATE).is_file():
             continue
-        if best is None or int(d.name) > best[0]:
-            best = (int(d.name), d)
-    return best
+        order = (int(m.group(1)), math.inf if m.group(2) is None else int(m.group(2)))
+        if best is None or order > best[0]:
+            best = (order, d)
+    return None if best is None else (best[0][0], best[1])
 
 
 def clean_work_dir(work_dir: str | os.PathLike) -> list[Path]:
     """Remove everything in a training work directory that is not part of the last complete checkpoint: the
-    temporary directories of interrupted saves, incomplete and older epoch directories, and symlinks. Other files
-    are left. Returns the removed paths."""
+    temporary directories of interrupted saves, incomplete and older checkpoint directories, and symlinks. Other
+    files are left. Returns the removed paths."""
     root = Path(work_dir)
     if not root.is_dir():
         return []
@@ -139,7 +155,8 @@ def clean_work_dir(work_dir: str | os.PathLike) -> list[Path]:
             continue
         if d.is_symlink():
             d.unlink()
-        elif d.is_dir() and (d.name.isdigit() or (d.name.startswith(".") and (".tmp-" in d.name or ".old-" in d.name))):
+        elif d.is_dir() and (_CHECKPOINT_NAME.fullmatch(d.name)
+                             or (d.name.startswith(".") and (".tmp-" in d.name or ".old-" in d.name))):
             shutil.rmtree(d)
         else:
             continue
@@ -217,6 +234,8 @@ def _trainer_class():
                 log.info("removed %s (interrupted save, incomplete or superseded checkpoint)", removed)
             super().__init__(path)
             self.state = None
+            found = latest_checkpoint(self.path)
+            self.prev_path = None if found is None else found[1]
             if self.prev_path is not None:
                 self.state = torch.load(self.prev_path / TRAINING_STATE, map_location="cpu", weights_only=True)
                 if self.state.get("format") != STATE_FORMAT or self.state.get("epoch") != self.previous_epoch:
@@ -272,13 +291,22 @@ def _trainer_class():
 
         def _load_training_state(self) -> dict:
             state = self.checkpointer.state
-            return {"epoch": state["epoch"], "local_step": 0, "global_step": state["global_step"]}
+            return {"epoch": state["epoch"], "local_step": state.get("local_step", 0),
+                    "global_step": state["global_step"]}
 
-        def save_epoch_checkpoint(self, epoch: int) -> Path:
-            """Write the checkpoint of a finished epoch atomically; remove the previous one."""
+        def maybe_save_checkpoint(self, epoch, local_step: int = 0):
+            """speculators' train loop calls this every ``1/checkpoints_per_epoch`` of an epoch: save a mid-epoch
+            checkpoint (the end of an epoch is saved by :meth:`run_training`, after validation)."""
+            if isinstance(epoch, int) and local_step > 0:
+                self.save_epoch_checkpoint(epoch, local_step)
+
+        def save_epoch_checkpoint(self, epoch: int, local_step: int = 0) -> Path:
+            """Write a checkpoint atomically, at the end of an epoch (``local_step`` 0) or after ``local_step``
+            steps of it; remove the previous one."""
             root = self.checkpointer.path
             root.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{epoch}.tmp-", dir=root))
+            name = checkpoint_name(epoch, local_step)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
             try:
                 model = self.model
                 state_dict = model.state_dict()
@@ -290,13 +318,15 @@ def _trainer_class():
                 torch.save({
                     "format": STATE_FORMAT,
                     "epoch": epoch,
+                    "local_step": local_step,
                     "global_step": self.global_step,
                     "model": {k: v.detach().cpu() for k, v in state_dict.items() if k not in frozen},
                     "frozen": sorted(frozen),
                     "optimizers": [opt.state_dict() for opt in self.optimizers],
                     "schedulers": [sched.state_dict() for sched in self.schedulers],
                     "rng": rng_state(),
-                    "metrics": self.metric_records,
+                    # mid-epoch: the records of the epoch so far too
+                    "metrics": self.metric_records + list(self._collector.records),
                 }, tmp / TRAINING_STATE)
                 for f in tmp.iterdir():
                     _fsync_path(f)
@@ -304,16 +334,16 @@ def _trainer_class():
                 os.umask(umask)
                 tmp.chmod(0o777 & ~umask)  # mkdtemp's directory is private
                 _fsync_path(tmp)
-                final = root / str(epoch)
+                final = root / name
                 if final.exists():  # an incomplete directory of another layout
-                    final.rename(root / f".{epoch}.old-{os.getpid()}")
+                    final.rename(root / f".{name}.old-{os.getpid()}")
                 os.rename(tmp, final)
                 _fsync_path(root)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
             clean_work_dir(root)
-            log.info("saved epoch %d checkpoint %s", epoch, final)
+            log.info("saved epoch %d%s checkpoint %s", epoch, f" step {local_step}" if local_step else "", final)
             return final
 
         def run_training(self):
@@ -323,12 +353,13 @@ def _trainer_class():
             if ckpt.state is not None:
                 set_rng_state(ckpt.state["rng"])
                 self.metric_records = list(ckpt.state["metrics"])
-                log.info("resuming from epoch %d checkpoint %s (global step %d, %d of %d epochs left)",
-                         ckpt.previous_epoch, ckpt.prev_path, self.global_step, n_epochs - self.current_epoch,
-                         n_epochs)
+                step = ckpt.state.get("local_step", 0)
+                log.info("resuming from epoch %d%s checkpoint %s (global step %d, %d of %d epochs left)",
+                         ckpt.previous_epoch, f" step {step}" if step else "", ckpt.prev_path, self.global_step,
+                         n_epochs - self.current_epoch, n_epochs)
             else:
                 log.info("no checkpoint in %s; training %d epochs from the start", ckpt.path, n_epochs)
-            collector = _MetricsCollector()
+            collector = self._collector = _MetricsCollector()
             metric_logger = logging.getLogger("speculators.metrics")
             metric_logger.addHandler(collector)
             metric_logger.setLevel(logging.INFO)
@@ -421,12 +452,16 @@ def build_draft(verifier_dir: str, aux_ids: list[int], d2t, t2d, draft_vocab_siz
     )
 
 
-def train_draft(verifier_dir: str, shards: list[str], vocab_maps: str, work_dir: str, s: DraftSettings) -> tuple[Path, list[dict]]:
+def train_draft(verifier_dir: str, shards: list[str], vocab_maps: str, work_dir: str, s: DraftSettings,
+                checkpoints_per_epoch: int = 1) -> tuple[Path, list[dict]]:
     """Train the draft; return the directory of the final epoch's checkpoint and the per-epoch metrics.
 
-    Training state lives in ``work_dir``: one exact checkpoint ``<epoch>/`` of the last finished epoch (see the
-    module docstring). A rerun with the same ``work_dir`` resumes after that epoch, logging
-    ``resuming from epoch N checkpoint <dir>``, and ends with the same weights as an uninterrupted run.
+    Training state lives in ``work_dir``: one exact checkpoint, ``<epoch>/`` at the end of an epoch or
+    ``<epoch>-step<k>/`` after ``k`` steps of it (see the module docstring). ``checkpoints_per_epoch`` > 1 also saves
+    every ``1/checkpoints_per_epoch`` of an epoch (speculators' ``checkpoint_freq``), for long epochs; it does not
+    change the result. A rerun with the same ``work_dir`` resumes there (the batches of an epoch are a function of
+    the seed and the epoch, so the data position is the step), logging ``resuming from epoch N [step K] checkpoint
+    <dir>``, and ends with the same weights as an uninterrupted run.
 
     Raises:
         ShardError: a shard is truncated or corrupt. ValueError: inconsistent shards (aux ids, hidden size).
@@ -462,7 +497,8 @@ def train_draft(verifier_dir: str, shards: list[str], vocab_maps: str, work_dir:
                "loss_config": resolve_loss_config(s.loss_fn, loss_impl)}
     cfg = TrainerConfig(lr=s.lr, num_epochs=s.epochs, save_path=str(work_dir), resume_from_checkpoint=True,
                         train_call_kwargs=call_kw, val_call_kwargs=call_kw, scheduler_type=s.scheduler_type,
-                        hidden_states_dtype=hs_dtype)
+                        hidden_states_dtype=hs_dtype,
+                        checkpoint_freq=1 if checkpoints_per_epoch <= 1 else 1 / checkpoints_per_epoch)
     trainer = _trainer_class()(model, cfg, train_loader, val_loader)
     trainer.run_training()
     return Path(work_dir) / str(s.epochs - 1), epoch_metrics(trainer.metric_records)

@@ -25,7 +25,9 @@ key = json.dumps({"params": dict(p.draft), "aux": list(p.aux_layer_ids), "verifi
                   "inputs": [(f, Path(f).stat().st_size, Path(f).stat().st_mtime_ns) for f in snakemake.input.shards]
                   + [(snakemake.input.vocab, Path(snakemake.input.vocab).stat().st_mtime_ns)]}, sort_keys=True)
 work = Path(snakemake.output.model).parent / ".train" / hashlib.sha256(key.encode()).hexdigest()[:16]
-checkpoint, rows = train_draft(p.verifier, list(snakemake.input.shards), snakemake.input.vocab, str(work), settings)
+per_epoch = snakemake.config["resources"]["draft"]["checkpoints_per_epoch"]  # not a param: it shapes nothing
+checkpoint, rows = train_draft(p.verifier, list(snakemake.input.shards), snakemake.input.vocab, str(work), settings,
+                               checkpoints_per_epoch=per_epoch)
 with atomic_path(snakemake.output.metrics) as tmp:
     metrics_frame(rows).to_csv(tmp, index=False)
 export_draft(checkpoint, snakemake.output.model, snakemake.output.config, list(p.aux_layer_ids), str(Path(p.verifier).resolve()) if Path(p.verifier).exists() else p.verifier)

@@ -35,9 +35,9 @@ import torch
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
 torch.set_num_threads(1)
 from draftpipe.draft import DraftSettings, export_draft, train_draft
-verifier, shards, maps, work, out, epochs = sys.argv[1:7]
+verifier, shards, maps, work, out, epochs, per_epoch = sys.argv[1:8]
 settings = DraftSettings(epochs=int(epochs), lr=3e-3, total_seq_len=256, val_every=5, seed=0)
-checkpoint, rows = train_draft(verifier, shards.split(","), maps, work, settings)
+checkpoint, rows = train_draft(verifier, shards.split(","), maps, work, settings, checkpoints_per_epoch=int(per_epoch))
 export_draft(checkpoint, out + "/model.safetensors", out + "/config.json", [1, 2, 4], "verifier")
 with open(out + "/metrics.json", "w") as fh:
     json.dump(rows, fh)
@@ -101,6 +101,9 @@ def test_latest_checkpoint_ignores_and_cleans_incomplete_saves(tmp_path):
     (tmp_path / "0" / TRAINING_STATE).write_bytes(b"state")
     (tmp_path / "1").mkdir()  # complete checkpoint, superseded by 3
     (tmp_path / "1" / TRAINING_STATE).write_bytes(b"state")
+    (tmp_path / "3-step5").mkdir()  # mid-epoch checkpoint of epoch 3: after 1, before the end of epoch 3
+    (tmp_path / "3-step5" / TRAINING_STATE).write_bytes(b"state")
+    assert latest_checkpoint(tmp_path) == (3, tmp_path / "3-step5")
     (tmp_path / "3").mkdir()
     (tmp_path / "3" / TRAINING_STATE).write_bytes(b"state")
     (tmp_path / "4").mkdir()  # weights written, state missing: not a checkpoint
@@ -111,7 +114,7 @@ def test_latest_checkpoint_ignores_and_cleans_incomplete_saves(tmp_path):
     (tmp_path / "notes.txt").write_text("kept")
     assert latest_checkpoint(tmp_path) == (3, tmp_path / "3")
     removed = clean_work_dir(tmp_path)
-    assert sorted(p.name for p in removed) == [".5.tmp-abc", "0", "1", "4", "epoch4_end"]
+    assert sorted(p.name for p in removed) == [".5.tmp-abc", "0", "1", "3-step5", "4", "epoch4_end"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["3", "notes.txt"]
     assert latest_checkpoint(tmp_path / "missing") is None
     assert latest_checkpoint(tmp_path / "4") is None
@@ -149,28 +152,37 @@ def shards(verifier_dir, tmp_path_factory):
     return paths, str(maps)
 
 
-def _train_cmd(verifier_dir, shards, work, out):
+def _train_cmd(verifier_dir, shards, work, out, per_epoch=1):
     paths, maps = shards
     out.mkdir(parents=True, exist_ok=True)
-    return [sys.executable, "-c", TRAIN, str(verifier_dir), ",".join(paths), maps, str(work), str(out), str(EPOCHS)]
+    return [sys.executable, "-c", TRAIN, str(verifier_dir), ",".join(paths), maps, str(work), str(out), str(EPOCHS),
+            str(per_epoch)]
 
 
 def _env():
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
-def test_training_killed_after_a_checkpoint_resumes_to_identical_bytes(verifier_dir, shards, tmp_path):
-    # reference: one uninterrupted run
-    ref = subprocess.run(_train_cmd(verifier_dir, shards, tmp_path / "ref_work", tmp_path / "ref"),
-                         env=_env(), cwd=tmp_path, capture_output=True, text=True)
+@pytest.fixture(scope="module")
+def reference(verifier_dir, shards, tmp_path_factory):
+    """One uninterrupted training run (a checkpoint per epoch): its output directory."""
+    tmp = tmp_path_factory.mktemp("reference")
+    ref = subprocess.run(_train_cmd(verifier_dir, shards, tmp / "work", tmp / "out"), env=_env(), cwd=tmp,
+                         capture_output=True, text=True)
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
     assert "resuming from epoch" not in ref.stdout
+    return tmp / "out"
 
-    # the same training, SIGKILLed as soon as its first epoch checkpoint is complete
+
+@pytest.mark.parametrize("per_epoch", [1, 2], ids=["end-of-epoch", "mid-epoch"])
+def test_training_killed_after_a_checkpoint_resumes_to_identical_bytes(verifier_dir, shards, reference, per_epoch,
+                                                                       tmp_path):
+    # the same training, SIGKILLed as soon as its first checkpoint is complete: at the end of epoch 0, or (two
+    # checkpoints per epoch) half-way through it
     work = tmp_path / "work"
     log = open(tmp_path / "killed.log", "w")
-    proc = subprocess.Popen(_train_cmd(verifier_dir, shards, work, tmp_path / "out"), env=_env(), cwd=tmp_path,
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(_train_cmd(verifier_dir, shards, work, tmp_path / "out", per_epoch), env=_env(),
+                            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     try:
         while latest_checkpoint(work) is None and proc.poll() is None:
             time.sleep(0.02)
@@ -181,6 +193,10 @@ def test_training_killed_after_a_checkpoint_resumes_to_identical_bytes(verifier_
     assert proc.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
     killed_at = latest_checkpoint(work)
     assert killed_at is not None and killed_at[0] < EPOCHS - 1  # it stopped with epochs left to train
+    if per_epoch == 1:
+        assert killed_at[1].name == str(killed_at[0])
+    else:
+        assert re.fullmatch(rf"{killed_at[0]}-step\d+", killed_at[1].name), killed_at
     assert not (tmp_path / "out" / "model.safetensors").exists()
     # what a SIGKILL during a save leaves: a temporary directory, and an epoch directory without the state file
     (work / f".{killed_at[0] + 1}.tmp-x").mkdir()
@@ -188,17 +204,19 @@ def test_training_killed_after_a_checkpoint_resumes_to_identical_bytes(verifier_
     (work / str(killed_at[0] + 2)).mkdir()
     (work / str(killed_at[0] + 2) / "model.safetensors").write_bytes(b"partial")
 
-    rerun = subprocess.run(_train_cmd(verifier_dir, shards, work, tmp_path / "out"), env=_env(), cwd=tmp_path,
-                           capture_output=True, text=True)
+    rerun = subprocess.run(_train_cmd(verifier_dir, shards, work, tmp_path / "out", per_epoch), env=_env(),
+                           cwd=tmp_path, capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    m = re.search(r"resuming from epoch (\d+) checkpoint (\S+)", rerun.stdout)
+    m = re.search(r"resuming from epoch (\d+)( step \d+)? checkpoint (\S+)", rerun.stdout)
     assert m, rerun.stdout[-3000:]
-    assert int(m.group(1)) == killed_at[0] and m.group(2) == str(killed_at[1])
+    assert int(m.group(1)) == killed_at[0] and m.group(3) == str(killed_at[1])
+    assert bool(m.group(2)) == (per_epoch > 1)
     # only the final checkpoint is left
     assert sorted(p.name for p in work.iterdir()) == [str(EPOCHS - 1)]
 
+    # the bytes of the uninterrupted run, whatever the number of checkpoints per epoch
     for name in ("model.safetensors", "config.json"):
-        assert sha256_file(tmp_path / "out" / name) == sha256_file(tmp_path / "ref" / name), name
+        assert sha256_file(tmp_path / "out" / name) == sha256_file(reference / name), name
     rows = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert [r["epoch"] for r in rows] == list(range(EPOCHS))
-    assert rows == json.loads((tmp_path / "ref" / "metrics.json").read_text())
+    assert rows == json.loads((reference / "metrics.json").read_text())
