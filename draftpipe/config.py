@@ -123,15 +123,15 @@ def model_dir_identity(model_dir: str | Path, cache_file: str | Path | None = DI
     weight files (:data:`WEIGHT_SUFFIXES`, the shard index included) and of its chat template.
 
     Digests come from :func:`draftpipe.io.cached_sha256`: free for a hub-cache snapshot (blob names), read once per
-    file version otherwise. Returns ``{"files": {name: sha256}, "chat_template_sha256": str | None}``.
+    file version otherwise (the cache is read and written once). Returns ``{"files": {name: sha256}, "chat_template_sha256": str | None}``.
     """
-    from draftpipe.io import cached_sha256
+    from draftpipe.io import cached_sha256s
 
     d = Path(model_dir)
     names = [n for n in IDENTITY_FILES if (d / n).is_file()]
     names += sorted(p.name for p in d.iterdir() if p.is_file() and (p.name.endswith(WEIGHT_SUFFIXES)
                                                                   or p.name.endswith(".index.json")))
-    return {"files": {n: cached_sha256(d / n, cache_file) for n in names},
+    return {"files": dict(zip(names, cached_sha256s([d / n for n in names], cache_file))),
             "chat_template_sha256": chat_template_sha256(d)}
 
 

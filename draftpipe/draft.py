@@ -36,12 +36,12 @@ import os
 import random
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from draftpipe.hidden_states import iter_shard, read_shard_metadata
+from draftpipe.io import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -162,14 +162,6 @@ def clean_work_dir(work_dir: str | os.PathLike) -> list[Path]:
             continue
         removed.append(d)
     return removed
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rng_state() -> dict:
@@ -304,15 +296,13 @@ def _trainer_class():
             """Write a checkpoint atomically, at the end of an epoch (``local_step`` 0) or after ``local_step``
             steps of it; remove the previous one."""
             root = self.checkpointer.path
-            root.mkdir(parents=True, exist_ok=True)
-            name = checkpoint_name(epoch, local_step)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
-            try:
+            final = root / checkpoint_name(epoch, local_step)
+            with atomic_dir(final) as tmp:
                 model = self.model
                 state_dict = model.state_dict()
                 # frozen parameters (the verifier's lm_head and norm, the embeddings unless trained) are rebuilt
                 # from the verifier on resume; everything else is saved in full precision
-                frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+                frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
                 model.save_pretrained(tmp, state_dict=convert_float_dtype(state_dict, torch.bfloat16))
                 patch_config_dtype(tmp / "config.json", torch.bfloat16)
                 torch.save({
@@ -328,20 +318,6 @@ def _trainer_class():
                     # mid-epoch: the records of the epoch so far too
                     "metrics": self.metric_records + list(self._collector.records),
                 }, tmp / TRAINING_STATE)
-                for f in tmp.iterdir():
-                    _fsync_path(f)
-                umask = os.umask(0)
-                os.umask(umask)
-                tmp.chmod(0o777 & ~umask)  # mkdtemp's directory is private
-                _fsync_path(tmp)
-                final = root / name
-                if final.exists():  # an incomplete directory of another layout
-                    final.rename(root / f".{name}.old-{os.getpid()}")
-                os.rename(tmp, final)
-                _fsync_path(root)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
             clean_work_dir(root)
             log.info("saved epoch %d%s checkpoint %s", epoch, f" step {local_step}" if local_step else "", final)
             return final

@@ -352,7 +352,7 @@ def check_shard_header(path: str, *, aux_layers: int | None = None, hidden_size:
     return None
 
 
-def validate_shard(path: str, *, aux_layers: int | None = None, hidden_size: int | None = None) -> None:
+def shard_problem(path: str, *, aux_layers: int | None = None, hidden_size: int | None = None) -> str | None:
     """Full check of a hidden-state shard: :func:`check_shard_header`, then every tensor's values.
 
     Reads every tensor (one at a time): ``hidden_states`` and ``verifier_last_hidden_states`` must be finite
@@ -363,15 +363,16 @@ def validate_shard(path: str, *, aux_layers: int | None = None, hidden_size: int
         aux_layers: expected number of aux layers; default from the shard's metadata.
         hidden_size: expected hidden size; default from the shard's metadata.
 
-    Raises:
-        ShardError: ``"<path>: <reason>"``; the reason names the offending tensor key for value errors.
+    Returns:
+        None when the shard is sound, else a one-line reason without the path; a value error names the
+        offending tensor key (``"000001.hidden_states: 1 non-finite values (NaN or Inf)"``).
     """
     import torch
     from safetensors import safe_open
 
     reason = check_shard_header(path, aux_layers=aux_layers, hidden_size=hidden_size)
     if reason is not None:
-        raise ShardError(f"{path}: {reason}")
+        return reason
     try:
         with safe_open(path, framework="pt") as fh:
             for key in sorted(fh.keys()):
@@ -380,19 +381,29 @@ def validate_shard(path: str, *, aux_layers: int | None = None, hidden_size: int
                 if kind in ("hidden_states", "verifier_last_hidden_states"):
                     bad = int((~torch.isfinite(t)).sum())
                     if bad:
-                        raise ShardError(f"{path}: {key}: {bad} non-finite values (NaN or Inf)")
+                        return f"{key}: {bad} non-finite values (NaN or Inf)"
                 elif kind == "loss_mask":
                     bad = int(((t != 0) & (t != 1)).sum())
                     if bad:
-                        raise ShardError(f"{path}: {key}: {bad} values other than 0 and 1")
+                        return f"{key}: {bad} values other than 0 and 1"
                 elif kind == "input_ids":
                     bad = int((t < 0).sum())
                     if bad:
-                        raise ShardError(f"{path}: {key}: {bad} negative token ids")
-    except ShardError:
-        raise
+                        return f"{key}: {bad} negative token ids"
     except Exception as exc:  # I/O errors while reading tensor data
-        raise ShardError(f"{path}: unreadable tensor data ({exc})") from exc
+        return f"unreadable tensor data ({exc})"
+    return None
+
+
+def validate_shard(path: str, *, aux_layers: int | None = None, hidden_size: int | None = None) -> None:
+    """:func:`shard_problem` as an exception.
+
+    Raises:
+        ShardError: ``"<path>: <reason>"``.
+    """
+    reason = shard_problem(path, aux_layers=aux_layers, hidden_size=hidden_size)
+    if reason is not None:
+        raise ShardError(f"{path}: {reason}")
 
 
 def iter_shard(path: str):
@@ -403,17 +414,6 @@ def iter_shard(path: str):
     with safe_open(path, framework="pt") as fh:
         for i in range(meta["num_samples"]):
             yield {k: fh.get_tensor(f"{i:06d}.{k}") for k in KEYS}
-
-
-def shard_problem(path: str, *, aux_layers: int | None = None, hidden_size: int | None = None) -> str | None:
-    """Why a shard must not be trained on, from the full check :func:`validate_shard` (header and every value), as
-    one line without the path, or None when it is sound."""
-    try:
-        validate_shard(path, aux_layers=aux_layers, hidden_size=hidden_size)
-    except ShardError as exc:
-        msg = str(exc)
-        return msg[len(f"{path}: "):] if msg.startswith(f"{path}: ") else msg
-    return None
 
 
 def check_shards_cached(paths: Iterable[str], cache_file: str | os.PathLike, full: bool = False,
@@ -434,22 +434,17 @@ def check_shards_cached(paths: Iterable[str], cache_file: str | os.PathLike, ful
     Returns:
         ``{path: reason}`` for each shard that fails the check (empty when all pass).
     """
-    from draftpipe.io import write_json
+    from draftpipe.io import read_cache, stat_key, write_cache
 
-    cache_path = Path(cache_file)
-    try:
-        cache = json.loads(cache_path.read_text())
-    except (OSError, ValueError):
-        cache = {}
+    cache = read_cache(cache_file)
     tag = json.dumps({**expect, "full": True} if full else expect, sort_keys=True)
     check = shard_problem if full else check_shard_header
     bad, fresh = {}, {}
     for p in paths:
         try:
-            st = os.stat(p)
+            key = [*stat_key(p), tag]
         except FileNotFoundError:
             continue
-        key = [st.st_size, st.st_mtime_ns, st.st_ino, tag]
         if cache.get(p) == key:
             fresh[p] = key
             continue
@@ -459,10 +454,7 @@ def check_shards_cached(paths: Iterable[str], cache_file: str | os.PathLike, ful
         else:
             bad[p] = reason
     if fresh != cache:
-        try:
-            write_json(cache_path, fresh)
-        except OSError:
-            pass  # a read-only results tree still gets checked, just not remembered
+        write_cache(cache_file, fresh)
     return bad
 
 

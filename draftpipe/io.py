@@ -51,6 +51,62 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary directory next to ``path`` (``.<name>.tmp-*``); when the block succeeds, make it ``path``.
+
+    The finished directory's files and the directory itself are fsynced and given the umask's mode (not
+    ``mkdtemp``'s 0700), then renamed into place; an existing ``path`` is moved aside (``.<name>.old-*``) only
+    then and deleted after, so a process killed at any point leaves either the old or the new directory complete
+    under ``path``, or none, never a partial one (:func:`remove_interrupted_writes` removes what it leaves beside).
+
+    Raises:
+        Whatever the block raises; the temporary directory is removed and ``path`` is left untouched.
+    """
+    import shutil
+
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        yield tmp
+        for f in tmp.rglob("*"):
+            if f.is_file() and not f.is_symlink():
+                _fsync(f)
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)
+        _fsync(tmp)
+        old = None
+        if dest.exists() or dest.is_symlink():
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+            os.rmdir(old)
+            os.replace(dest, old)
+        try:
+            os.replace(tmp, dest)
+        except BaseException:
+            if old is not None:
+                os.replace(old, dest)
+            raise
+        _fsync(dest.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+
+
 def save_safetensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, str]) -> None:
     """Write ``tensors`` (name -> torch tensor) and string ``metadata`` as one safetensors file, atomically and
     with a canonical header, so that equal contents give equal bytes.
@@ -182,42 +238,68 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def cached_sha256(path: str | os.PathLike, cache_file: str | os.PathLike | None) -> str:
-    """Hex SHA-256 of a file's bytes, read once per version of the file.
+def stat_key(path: str | os.PathLike) -> list[int]:
+    """``[size, mtime_ns, inode]`` of a file: what says it has not changed since a cached result was computed."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def read_cache(cache_file: str | os.PathLike) -> dict:
+    """A JSON cache file's object; empty when it is missing or damaged (a cache is never trusted over the files)."""
+    try:
+        cache = json.loads(Path(cache_file).read_text())
+    except (OSError, ValueError):
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def write_cache(cache_file: str | os.PathLike, cache: dict) -> None:
+    """Write a JSON cache file atomically; a read-only tree is still checked, just not remembered."""
+    with contextlib.suppress(OSError):
+        write_json(cache_file, cache)
+
+
+def cached_sha256s(paths: Iterable[str | os.PathLike], cache_file: str | os.PathLike | None) -> list[str]:
+    """Hex SHA-256 of each file's bytes, each file read once per version of it.
 
     A file in a Hugging Face hub cache (a symlink to ``blobs/<sha256>``) is named by the SHA-256 of its bytes, so
-    nothing is read. Otherwise the digest is remembered in ``cache_file`` (JSON, written atomically; a damaged
-    cache is ignored) under the file's real path, keyed by its size, mtime and inode: a verifier's weights (up to
-    terabytes) are hashed once, not at every parse of the workflow, and a copy of the same bytes elsewhere is hashed
-    again but gets the same digest.
+    nothing is read. Otherwise the digest is remembered in ``cache_file`` (:func:`read_cache`) under the file's real
+    path with its :func:`stat_key`: a verifier's weights (up to terabytes) are hashed once, not at every parse of
+    the workflow, and a copy of the same bytes elsewhere is hashed again but gets the same digest. The cache is read
+    and written once per call.
 
     Args:
-        path: the file.
-        cache_file: where digests are remembered; None reads the file every time.
+        paths: the files.
+        cache_file: where digests are remembered; None reads the files every time.
 
     Raises:
-        OSError: the file cannot be read.
+        OSError: a file cannot be read.
     """
-    real = Path(path).resolve()
-    if real.parent.name == "blobs" and len(real.name) == 64 and all(c in "0123456789abcdef" for c in real.name):
-        return real.name
-    st = os.stat(real)
-    key = [st.st_size, st.st_mtime_ns, st.st_ino]
-    cache: dict = {}
-    if cache_file is not None:
-        try:
-            cache = json.loads(Path(cache_file).read_text())
-        except (OSError, ValueError):
-            cache = {}
+    cache = read_cache(cache_file) if cache_file is not None else {}
+    changed = False
+    out = []
+    for path in paths:
+        real = Path(path).resolve()
+        if real.parent.name == "blobs" and len(real.name) == 64 and all(c in "0123456789abcdef" for c in real.name):
+            out.append(real.name)
+            continue
+        key = stat_key(real)
         hit = cache.get(str(real))
         if isinstance(hit, dict) and hit.get("stat") == key and isinstance(hit.get("sha256"), str):
-            return hit["sha256"]
-    digest = sha256_file(real)
-    if cache_file is not None:
+            out.append(hit["sha256"])
+            continue
+        digest = sha256_file(real)
         cache[str(real)] = {"stat": key, "sha256": digest}
-        with contextlib.suppress(OSError):
-            write_json(cache_file, cache)
-    return digest
+        changed = True
+        out.append(digest)
+    if changed and cache_file is not None:
+        write_cache(cache_file, cache)
+    return out
+
+
+def cached_sha256(path: str | os.PathLike, cache_file: str | os.PathLike | None) -> str:
+    """:func:`cached_sha256s` of one file."""
+    return cached_sha256s([path], cache_file)[0]
 
 
 def sha256_text(text: str) -> str:

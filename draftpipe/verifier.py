@@ -22,11 +22,10 @@ import json
 import math
 import os
 import re
-import shutil
 import tempfile
 from pathlib import Path
 
-from draftpipe.io import sha256_file
+from draftpipe.io import atomic_dir, sha256_file
 
 __all__ = [
     "BAD_GGUF_METADATA_KEYS",
@@ -407,25 +406,6 @@ def _float32_shortest(x: float) -> float:
     return float(str(np.float32(x)))
 
 
-def _replace_dir(build: Path, out: Path) -> None:
-    """Move the finished ``build`` directory to ``out``, replacing an existing ``out`` only now."""
-    if not out.exists() and not out.is_symlink():
-        os.replace(build, out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    os.rmdir(old)
-    os.replace(out, old)
-    try:
-        os.replace(build, out)
-    except BaseException:
-        os.replace(old, out)
-        raise
-    if old.is_dir() and not old.is_symlink():
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        old.unlink(missing_ok=True)
-
-
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, head_dim: int | None = 32,
                  max_position_embeddings: int | None = 512) -> dict:
     """Convert a Llama GGUF (stories260K) into a plain Hugging Face directory that vLLM and transformers load.
@@ -485,9 +465,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, head_
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_dir(out) as build:
         with tempfile.TemporaryDirectory(prefix="draftpipe-gguf-") as td:
             fixed_name = "model.gguf"
             removed = strip_gguf_metadata(src, Path(td) / fixed_name)
@@ -550,14 +528,6 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, head_
                                                      encoding="utf-8")
 
         files = {p.name: sha256_file(p) for p in sorted(build.iterdir()) if p.is_file()}
-        for name in files:
-            with open(build / name, "rb") as fh:
-                os.fsync(fh.fileno())
-        os.chmod(build, 0o755)  # mkdtemp creates 0700
-        _replace_dir(build, out)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        raise
 
     saved = load_verifier_config(out)
     return {

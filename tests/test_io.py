@@ -106,3 +106,30 @@ def test_remove_interrupted_writes_removes_only_the_outputs_temporary_files(tmp_
     removed = remove_interrupted_writes([tmp_path / "verifier"])
     assert sorted(p.name for p in removed) == [".verifier.old-cd34", ".verifier.tmp-ab12"]
     assert (tmp_path / "verifier").is_dir() and not (tmp_path / ".verifier.tmp-ab12").exists()
+
+
+def test_atomic_dir_replaces_only_when_complete(tmp_path):
+    from draftpipe.io import atomic_dir
+
+    dest = tmp_path / "model"
+    with atomic_dir(dest) as tmp:
+        (tmp / "a.txt").write_text("v1")
+    assert (dest / "a.txt").read_text() == "v1"
+    with pytest.raises(RuntimeError):
+        with atomic_dir(dest) as tmp:
+            (tmp / "a.txt").write_text("v2, half")
+            raise RuntimeError("killed")
+    assert (dest / "a.txt").read_text() == "v1"  # the failed build left the old directory as it was
+    with atomic_dir(dest) as tmp:
+        (tmp / "b.txt").write_text("v3")
+    assert sorted(p.name for p in dest.iterdir()) == ["b.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no .tmp-/.old- directory left
+    assert dest.stat().st_mode & 0o777 == 0o777 & ~_umask()
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
