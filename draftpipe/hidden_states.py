@@ -21,6 +21,10 @@ The names of the per-sample tensors are those speculators' training data uses (`
 File metadata records the aux ids, hidden size, sample count (``num_samples``), token count (``num_tokens``, the
 sum of the ``T``), dtype and verifier.
 
+The shards are computed by vLLM (:mod:`draftpipe.extract`). :func:`capture_layers`, :func:`build_sample` and
+:func:`load_verifier_model` run the verifier in transformers with forward hooks, one sequence at a time: they are
+the oracle that tests and ``benchmarks/hidden_states.py`` compare vLLM's states with, not a path of the pipeline.
+
 Two checks find broken shards: :func:`check_shard_header` reads only the safetensors header (cheap enough to run
 over thousands of shards before a build) and catches truncation, missing tensors and inconsistent shapes;
 :func:`validate_shard` also reads the tensors and checks their values.
@@ -87,7 +91,8 @@ def resolve_aux_layer_ids(ids: Iterable[int] | None, num_layers: int, field: str
 
 
 def capture_layers(model: Any, input_ids: "torch.Tensor", layer_ids: list[int]) -> dict[int, "torch.Tensor"]:
-    """Run the verifier on one sequence and return the hidden states at the given vLLM layer ids.
+    """The oracle: run the verifier in transformers on one sequence and return the hidden states at the given
+    vLLM layer ids (forward hooks on the embedding and the decoder layers).
 
     Args:
         model: a Hugging Face decoder (``*ForCausalLM`` with ``.model.embed_tokens`` and ``.model.layers``).
@@ -132,7 +137,8 @@ def sequence_and_mask(row: dict, max_len: int) -> tuple[list[int], list[int]]:
 
 
 def build_sample(model: Any, row: dict, aux_ids: list[int], num_layers: int, max_len: int, dtype: "torch.dtype") -> dict:
-    """Tensors of one training sample from one completion row (see the module docstring for names and shapes).
+    """The oracle's training sample of one completion row (see the module docstring for names and shapes); the
+    pipeline's come from :func:`draftpipe.extract.build_samples`.
 
     The sequence is ``prompt_token_ids + completion_token_ids`` truncated to ``max_len`` tokens.
     """
@@ -150,7 +156,7 @@ def build_sample(model: Any, row: dict, aux_ids: list[int], num_layers: int, max
 
 
 def load_verifier_model(path: str, dtype: str = "float32") -> Any:
-    """Load the verifier with transformers (``AutoModelForCausalLM``, eager attention, eval mode)."""
+    """Load the verifier with transformers (``AutoModelForCausalLM``, eager attention, eval mode) for the oracle."""
     import torch
     from transformers import AutoModelForCausalLM
 

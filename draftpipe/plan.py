@@ -32,16 +32,46 @@ def count_source(path: str) -> tuple[int, int]:
     return sum(1 for line in data.splitlines() if line.strip()), len(data)
 
 
-def plan(config: dict, shape: dict) -> dict:
+def kv_cache_bytes_per_token(verifier_config: dict, dtype_bytes: int = 2, tensor_parallel: int = 1) -> int | None:
+    """Bytes of vLLM's KV cache per token on one GPU, from a verifier's ``config.json`` (its ``text_config`` for a
+    multimodal wrapper such as Kimi-K2.5's).
+
+    - MLA (DeepSeek-V3 family, ``kv_lora_rank`` set): ``layers x (kv_lora_rank + qk_rope_head_dim) x bytes``, the
+      compressed latent that every GPU holds whole (vLLM replicates the MLA cache under tensor parallelism);
+    - otherwise: ``layers x 2 x kv_heads x head_dim x bytes / tp`` (K and V, heads sharded over the GPUs; at
+      least one head per GPU), ``head_dim`` defaulting to ``hidden_size // num_attention_heads``.
+
+    Returns:
+        None when the config lacks the fields.
+    """
+    cfg = verifier_config.get("text_config", verifier_config)
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        if cfg.get("kv_lora_rank"):
+            return layers * (int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)) * dtype_bytes
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError):
+        return None
+    per_gpu_heads = max(1, -(-kv_heads // max(1, tensor_parallel)))
+    return layers * 2 * per_gpu_heads * head_dim * dtype_bytes
+
+
+def plan(config: dict, shape: dict, verifier_config: dict | None = None) -> dict:
     """Upper-bound sizes of the build for ``config`` against a verifier of ``shape``.
 
     Args:
         config: the validated config.
         shape: ``num_hidden_layers``, ``vocab_size`` and ``hidden_size`` of the verifier.
+        verifier_config: the verifier's ``config.json``, when known, for the KV cache per token.
 
     Returns:
         ``prompts``, ``train_samples``, ``tokens_per_sample``, ``train_tokens``, ``hidden_state_bytes``,
-        ``completion_bytes``, ``disk_bytes`` (hidden states + completions + prompts) and the inputs to the estimate.
+        ``completion_bytes``, ``disk_bytes`` (hidden states + completions + prompts) and the inputs to the estimate;
+        for the hidden-state job's vLLM engine: ``engine_tp`` (tensor parallel size, 1 on the CPU),
+        ``state_cache_bytes_per_token`` (the hidden-state cache, on every GPU) and ``kv_bytes_per_token`` (per
+        GPU; None when unknown), both in the engine's dtype (bfloat16 for ``auto``).
     """
     records = chars = 0
     for src in config["prompts"]["sources"]:
@@ -58,10 +88,14 @@ def plan(config: dict, shape: dict) -> dict:
     per_token = (len(aux) + 1) * H * DTYPE_BYTES[config["hidden_states"]["dtype"]] + 8 + 1  # states, id, mask
     hidden = tokens * per_token
     completion = tokens * 12 + samples * 600  # JSON text of ids and text, plus per-row metadata
+    engine_bytes = DTYPE_BYTES.get(config["verifier"]["dtype"], 2)
+    tp = max(1, int(config["resources"]["hidden_states"]["gpus"]))
     return {"prompts": records, "train_samples": samples, "tokens_per_sample": per_sample, "train_tokens": tokens,
             "hidden_state_bytes": hidden, "completion_bytes": completion,
             "disk_bytes": hidden + completion + 2 * chars, "hidden_size": H, "aux_states": len(aux) + 1,
-            "dtype": config["hidden_states"]["dtype"]}
+            "dtype": config["hidden_states"]["dtype"], "engine_tp": tp,
+            "state_cache_bytes_per_token": (len(aux) + 1) * H * engine_bytes,
+            "kv_bytes_per_token": kv_cache_bytes_per_token(verifier_config, engine_bytes, tp) if verifier_config else None}
 
 
 def human(n: float) -> str:
@@ -78,7 +112,11 @@ def format_plan(p: dict) -> str:
     return (f"draftpipe plan (upper bounds): {p['prompts']} prompts -> {p['train_samples']} training samples x "
             f"<= {p['tokens_per_sample']} tokens = {p['train_tokens']:,} tokens; hidden states "
             f"({p['aux_states']} x {p['hidden_size']} x {p['dtype']} per token) {human(p['hidden_state_bytes'])}; "
-            f"completions {human(p['completion_bytes'])}; disk needed {human(p['disk_bytes'])}")
+            f"completions {human(p['completion_bytes'])}; disk needed {human(p['disk_bytes'])}\n"
+            f"hidden_states engine: vLLM extract_hidden_states, tensor parallel {p['engine_tp']}; hidden-state cache "
+            f"{human(p['state_cache_bytes_per_token'])} per token on every GPU"
+            + (f", beside the KV cache's {human(p['kv_bytes_per_token'])} per token per GPU"
+               if p.get("kv_bytes_per_token") else ""))
 
 
 class DiskSpaceError(RuntimeError):

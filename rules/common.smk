@@ -9,7 +9,7 @@ from draftpipe.fingerprint import prompt_fingerprints
 from draftpipe.hidden_states import check_shards_cached
 from draftpipe.provenance import quarantine
 from draftpipe.config import ConfigError, check_config, verifier_identity
-from draftpipe.verifier import VerifierNotFoundError, resolve_verifier
+from draftpipe.verifier import VerifierNotFoundError, load_verifier_config, resolve_verifier
 
 try:
     _config_json = config["verifier"].get("config_json")
@@ -126,7 +126,9 @@ if workflow.is_main_process:
                 print(f"draftpipe: {_src} is corrupt ({_bad[str(_src)]}); moved to {_dst}; it is rebuilt when a job "
                       f"reads it (now: snakemake {_src})", file=sys.stderr)
 
-    PLAN = plan(config, {**DERIVED, "hidden_size": DERIVED["hidden_size"]})
+    _verifier_config = None if VERIFIER["kind"] == "gguf" else load_verifier_config(
+        VERIFIER.get("config_path") or VERIFIER["path"])
+    PLAN = plan(config, {**DERIVED, "hidden_size": DERIVED["hidden_size"]}, _verifier_config)
     print(format_plan(PLAN), file=sys.stderr)
 
 

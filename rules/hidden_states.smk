@@ -1,4 +1,5 @@
-# Stage 3: hidden-state shards. Aux hidden states (vLLM layer ids), last hidden state and loss mask per sample.
+# Stage 3: hidden-state shards from vLLM (extract_hidden_states). Aux hidden states (vLLM layer ids), last hidden
+# state and loss mask per sample; tensor parallel over the job's GPUs.
 rule hidden_states:
     input:
         completions="results/completions/train_{shard}.jsonl",
@@ -11,6 +12,7 @@ rule hidden_states:
         verifier_id=VERIFIER_ID,
         aux_layer_ids=DERIVED["aux_layer_ids"],
         num_layers=DERIVED["num_hidden_layers"],
+        hidden_size=DERIVED["hidden_size"],
         dtype=config["hidden_states"]["dtype"],
         max_len=config["verifier"]["max_model_len"],
         model_dtype=config["verifier"]["dtype"],

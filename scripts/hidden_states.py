@@ -1,42 +1,51 @@
-"""Rule `hidden_states`: aux + last hidden states and loss mask of every sample of a training shard.
+"""Rule `hidden_states`: aux + last hidden states and loss mask of every sample of a training shard, from vLLM.
 
-The first job of the stage loads the verifier once and fills every stale shard whose completions exist
-(draftpipe/stage.py); the others link their result from the stage's store.
+The first job of the stage starts one vLLM engine (``extract_hidden_states``, tensor parallel over the job's GPUs)
+and fills every stale shard whose completions exist (draftpipe/stage.py); the others link their result from the
+stage's store.
 """
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
+if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this file as __mp_main__
+    import sys
+    from pathlib import Path
 
-from draftpipe.runtime import start_job
+    sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
-start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+    from draftpipe.runtime import engine_parallelism, start_job
 
-import torch  # noqa: E402 (after CUDA_VISIBLE_DEVICES is set)
+    start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 
-import draftpipe.hidden_states as hs  # noqa: E402
-from draftpipe.io import read_jsonl  # noqa: E402
-from draftpipe.stage import STORE, code_digest, run_stage, stage_settings, stage_tasks  # noqa: E402
+    import shutil
 
-p = snakemake.params
+    import torch
 
+    import draftpipe.extract as ex
+    import draftpipe.hidden_states as hs
+    from draftpipe.io import read_jsonl
+    from draftpipe.stage import STORE, code_digest, run_stage, stage_settings, stage_tasks
 
-def compute(tasks):
-    model = hs.load_verifier_model(p.verifier, "float32" if p.model_dtype == "auto" else p.model_dtype)
-    dtype = getattr(torch, p.dtype)
-    for task in tasks:
-        rows = read_jsonl(task.inputs[0])
-        samples = [hs.build_sample(model, row, p.aux_layer_ids, p.num_layers, p.max_len, dtype) for row in rows]
-        hs.write_shard(str(task.entry), samples, {
-            "aux_layer_ids": list(p.aux_layer_ids), "num_layers": p.num_layers,
-            "hidden_size": int(model.config.hidden_size), "dtype": p.dtype, "verifier": p.verifier_id,
-        })
-        print(f"shard {task.shard}: {len(samples)} samples, "
-              f"{sum(int(s['input_ids'].numel()) for s in samples)} tokens", flush=True)
+    p = snakemake.params
+    store = Path(snakemake.output[0]).parents[1] / STORE / "hidden_states"
 
+    def compute(tasks):
+        requests = ex.request_dir(store)  # under the stage lock
+        llm = ex.open_extractor(p.verifier, layer_ids=ex.engine_layer_ids(p.aux_layer_ids, p.num_layers),
+                                dtype=p.model_dtype, max_len=p.max_len, seed=0, request_dir=requests,
+                                engine=engine_parallelism(snakemake.resources.gpu))
+        dtype = getattr(torch, p.dtype)
+        for task in tasks:
+            samples = ex.build_samples(llm, read_jsonl(task.inputs[0]), aux_ids=p.aux_layer_ids,
+                                       num_layers=p.num_layers, max_len=p.max_len, dtype=dtype, request_dir=requests,
+                                       batch_tokens=snakemake.config["resources"]["hidden_states"]["batch_tokens"])
+            hs.write_shard(str(task.entry), samples, {
+                "aux_layer_ids": list(p.aux_layer_ids), "num_layers": p.num_layers, "hidden_size": p.hidden_size,
+                "dtype": p.dtype, "verifier": p.verifier_id,
+            })
+            print(f"shard {task.shard}: {len(samples)} samples, "
+                  f"{sum(int(s['input_ids'].numel()) for s in samples)} tokens", flush=True)
+        shutil.rmtree(requests, ignore_errors=True)
 
-own, shards = stage_tasks(snakemake, ["completions"])
-store = Path(snakemake.output[0]).parents[1] / STORE / "hidden_states"
-code = code_digest([Path(snakemake.scriptdir) / "hidden_states.py"])
-run_stage(own, shards, store, ".safetensors", stage_settings(snakemake), code, compute,
-          share=snakemake.config["resources"]["hidden_states"]["share_engine"], check=hs.check_shard_header)
+    own, shards = stage_tasks(snakemake, ["completions"])
+    code = code_digest([Path(snakemake.scriptdir) / "hidden_states.py"])
+    run_stage(own, shards, store, ".safetensors", stage_settings(snakemake), code, compute,
+              share=snakemake.config["resources"]["hidden_states"]["share_engine"], check=hs.check_shard_header)

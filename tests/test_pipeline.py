@@ -243,7 +243,7 @@ def test_editing_a_job_script_reruns_its_rule_and_what_follows(built, script, ex
 def test_knobs_that_shape_no_artifact_rerun_nothing(built):
     def change(c):
         c["resources"]["draft"].update(threads=1, mem_mb=1234, checkpoints_per_epoch=4)
-        c["resources"]["hidden_states"]["share_engine"] = False
+        c["resources"]["hidden_states"].update(share_engine=False, batch_tokens=64)
         c["resources"]["completions"].update(runtime=7)
         c["bench"]["report"].update(dpi=60)
         c["hidden_states"]["disk_check"] = False

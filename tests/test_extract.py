@@ -1,0 +1,118 @@
+"""Hidden states from vLLM (extract_hidden_states + draftpipe's connector) against the transformers oracle.
+
+One vLLM engine per verifier (tests/extract_probe.py in a subprocess) extracts the same rows three ways: all in
+one call, one row per call and all again with their prefixes in vLLM's prefix cache.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from conftest import REPO, TINYSTORIES
+from draftpipe.extract import batches, cache_bytes_per_token, engine_layer_ids, kv_transfer_config
+from draftpipe.hidden_states import capture_layers, iter_shard, load_verifier_model
+from draftpipe.io import read_jsonl, write_jsonl
+
+AUX_GIVEN = [4, 1, 2]  # out of order on purpose: stored ascending, the order of the draft's fc
+
+
+def test_engine_layer_ids_sorted_distinct_with_last():
+    assert engine_layer_ids([4, 1, 2], 5) == [1, 2, 4, 5]
+    assert engine_layer_ids([2, 5], 5) == [2, 5]  # the last state as an aux id is captured once
+    assert engine_layer_ids([2, 30, 58], 61) == [2, 30, 58, 61]
+    with pytest.raises(ValueError, match=r"outside \[0, 5\]"):
+        engine_layer_ids([1, 7], 5)
+
+
+def test_batches_bound_tokens_per_call():
+    assert [list(r) for r in batches([3, 3, 3, 10, 1], 6)] == [[0, 1], [2], [3], [4]]
+    assert [list(r) for r in batches([5, 5], 1)] == [[0], [1]]
+    assert list(batches([], 8)) == []
+
+
+def test_cache_bytes_per_token_kimi():
+    # Kimi-K2.5: 3 aux ids + the last state, hidden 7168, bfloat16: 57,344 bytes per token on every GPU
+    assert cache_bytes_per_token(3, 7168) == 57344
+
+
+def test_kv_transfer_config_names_the_package_connector(tmp_path):
+    cfg = kv_transfer_config(tmp_path)
+    assert cfg["kv_connector"] == "DraftpipeHiddenStatesConnector"
+    assert cfg["kv_connector_module_path"] == "draftpipe.vllm_connector"
+    assert cfg["kv_connector_extra_config"] == {"shared_storage_path": str(tmp_path), "allow_custom_save_path": True}
+
+
+def _rows(tokenizer, n_prompts: int = 5, samples: int = 2) -> list[dict]:
+    """Real TinyStories text: each prompt with `samples` different continuations (shared prefixes)."""
+    texts = [json.loads(line)["prompt"] for line in TINYSTORIES.read_text().splitlines()[: n_prompts * (samples + 1)]]
+    rows = []
+    for i in range(n_prompts):
+        prompt = tokenizer(texts[i], add_special_tokens=True)["input_ids"]
+        for j in range(samples):
+            completion = tokenizer(texts[n_prompts + i * samples + j], add_special_tokens=False)["input_ids"]
+            rows.append({"prompt_token_ids": prompt, "completion_token_ids": completion[:120]})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def probe(verifier_dir, tmp_path_factory):
+    """Shards extracted by vLLM from the embedded verifier (float32), and the rows they came from."""
+    out = tmp_path_factory.mktemp("extract")
+    rows = _rows(AutoTokenizer.from_pretrained(str(verifier_dir)))
+    write_jsonl(out / "rows.jsonl", rows)
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "extract_probe.py"), str(verifier_dir),
+                           str(out / "rows.jsonl"), str(out), *map(str, AUX_GIVEN)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    shards = {name: list(iter_shard(str(out / f"{name}.safetensors"))) for name in ("batch", "single", "cached")}
+    return rows, shards, json.loads((out / "left.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def oracle(verifier_dir):
+    return load_verifier_model(str(verifier_dir), "float32")
+
+
+def test_vllm_states_equal_the_transformers_oracle(probe, oracle):
+    rows, shards, _ = probe
+    n, h = oracle.config.num_hidden_layers, oracle.config.hidden_size
+    worst = 0.0
+    for row, s in zip(rows, shards["batch"]):
+        ids = row["prompt_token_ids"] + row["completion_token_ids"]
+        assert s["input_ids"].tolist() == ids
+        assert s["loss_mask"].tolist() == [0] * len(row["prompt_token_ids"]) + [1] * len(row["completion_token_ids"])
+        ref = capture_layers(oracle, torch.tensor(ids), [1, 2, 4, n])
+        assert s["hidden_states"].shape == (len(ids), 3 * h) and s["hidden_states"].dtype == torch.float32
+        for j, k in enumerate(sorted(AUX_GIVEN)):  # ascending ids, whatever the order given
+            worst = max(worst, float((s["hidden_states"][:, j * h:(j + 1) * h] - ref[k]).abs().max()))
+        worst = max(worst, float((s["verifier_last_hidden_states"] - ref[n]).abs().max()))
+    assert worst < 1e-4, worst
+    assert len(shards["batch"]) == len(rows) == 10
+
+
+def test_last_state_is_pre_norm(probe, oracle):
+    rows, shards, _ = probe
+    ids = torch.tensor(rows[0]["prompt_token_ids"] + rows[0]["completion_token_ids"])
+    last = shards["batch"][0]["verifier_last_hidden_states"]
+    with torch.no_grad():
+        post = oracle(input_ids=ids.unsqueeze(0), output_hidden_states=True).hidden_states[-1][0]
+        normed = oracle.model.norm(last.unsqueeze(0))[0]
+    assert (last - post).abs().max() > 0.1  # not transformers' post-norm last entry
+    assert torch.allclose(normed, post, atol=1e-4)
+
+
+def test_batch_equals_single_requests_and_prefix_cache(probe):
+    _, shards, left = probe
+    for name in ("single", "cached"):
+        for a, b in zip(shards["batch"], shards[name]):
+            assert torch.equal(a["input_ids"], b["input_ids"])
+            for key in ("hidden_states", "verifier_last_hidden_states"):
+                assert torch.allclose(a[key], b[key], atol=1e-5, rtol=0), (name, key)
+    assert left == []  # every per-request file and its lock were folded in and removed
