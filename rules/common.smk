@@ -126,8 +126,13 @@ if workflow.is_main_process:
                 print(f"draftpipe: {_src} is corrupt ({_bad[str(_src)]}); moved to {_dst}; it is rebuilt when a job "
                       f"reads it (now: snakemake {_src})", file=sys.stderr)
 
-    _verifier_config = None if VERIFIER["kind"] == "gguf" else load_verifier_config(
-        VERIFIER.get("config_path") or VERIFIER["path"])
+    if VERIFIER["kind"] == "gguf":
+        _verifier_config = None
+    elif VERIFIER.get("config_path"):
+        with open(VERIFIER["config_path"]) as _fh:
+            _verifier_config = json.load(_fh)
+    else:
+        _verifier_config = load_verifier_config(VERIFIER["path"])
     PLAN = plan(config, {**DERIVED, "hidden_size": DERIVED["hidden_size"]}, _verifier_config)
     print(format_plan(PLAN), file=sys.stderr)
 

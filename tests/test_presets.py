@@ -72,3 +72,24 @@ def test_slurm_site_settings_reach_the_jobs(work):
     assert jobs["completions"]["slurm_partition"] == "gpu" and jobs["completions"]["slurm_account"] == "llm"
     assert jobs["completions"]["gpu_model"] == "h200"
     assert "gpu_model" not in jobs["vocab_maps"]  # CPU jobs ask for no GPU model
+
+
+def test_kimi_plan_shows_the_hidden_state_engine(work):
+    out = dry_run(work, "--configfile", "configs/kimi-k2.5.yaml")
+    engine = re.search(r"hidden_states engine: .*", out).group(0)
+    # tensor parallel 8 from resources.hidden_states.gpus; (3 aux + last) x 7168 x 2 bytes = 56 KiB replicated on
+    # every GPU; MLA's latent KV cache: 61 layers x (512 + 64) x 2 bytes = 68.6 KiB, also whole on every GPU
+    assert "tensor parallel 8" in engine
+    assert "hidden-state cache 56.0 KiB per token on every GPU" in engine
+    assert "KV cache's 68.6 KiB per token per GPU" in engine
+
+
+def test_kv_cache_per_token_follows_the_attention():
+    from draftpipe.plan import kv_cache_bytes_per_token
+
+    llama8b = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
+    assert kv_cache_bytes_per_token(llama8b, 2, 1) == 32 * 2 * 8 * 128 * 2  # 128 KiB
+    assert kv_cache_bytes_per_token(llama8b, 2, 8) == 32 * 2 * 1 * 128 * 2  # one KV head per GPU
+    mla = {"num_hidden_layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "num_attention_heads": 64}
+    assert kv_cache_bytes_per_token({"text_config": mla}, 2, 8) == 61 * 576 * 2  # the wrapper's text model
+    assert kv_cache_bytes_per_token({"hidden_size": 64}) is None
