@@ -32,3 +32,23 @@ def built(tmp_path_factory) -> Path:
     work = copy_workflow(tmp_path_factory.mktemp("workflow"))
     snakemake(work, "results/draft/model.safetensors", "results/prompts/stats.json")
     return work
+
+
+TINY_CONFIGS = REPO / "tests" / "data" / "verifiers"
+
+
+@pytest.fixture(scope="session")
+def tiny_verifier(verifier_dir, tmp_path_factory):
+    """``tiny_verifier(name)``: the verifier of ``tests/data/verifiers/<name>.json`` with random weights (seed 0)
+    and stories260K's tokenizer, built once per session; ``"stories260K"`` is the embedded default."""
+    from draftpipe.verifier import build_random_verifier
+
+    built: dict[str, Path] = {"stories260K": verifier_dir}
+
+    def get(name: str) -> Path:
+        if name not in built:
+            built[name] = build_random_verifier(TINY_CONFIGS / f"{name}.json",
+                                                tmp_path_factory.mktemp("tiny") / name, verifier_dir)
+        return built[name]
+
+    return get

@@ -20,9 +20,6 @@ from draftpipe.extract import batches, cache_bytes_per_token, engine_layer_ids, 
 from draftpipe.hidden_states import capture_layers, iter_shard, load_verifier_model
 from draftpipe.io import read_jsonl, write_jsonl
 
-AUX_GIVEN = [4, 1, 2]  # out of order on purpose: stored ascending, the order of the draft's fc
-
-
 def test_engine_layer_ids_sorted_distinct_with_last():
     assert engine_layer_ids([4, 1, 2], 5) == [1, 2, 4, 5]
     assert engine_layer_ids([2, 5], 5) == [2, 5]  # the last state as an aux id is captured once
@@ -61,46 +58,48 @@ def _rows(tokenizer, n_prompts: int = 5, samples: int = 2) -> list[dict]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def probe(verifier_dir, tmp_path_factory):
-    """Shards extracted by vLLM from the embedded verifier (float32), and the rows they came from."""
+# verifier -> aux ids as given (out of order on purpose: stored ascending, the order of the draft's fc)
+ARCHS = {"stories260K": [4, 1, 2], "tiny-qwen3": [3, 1, 2], "tiny-deepseek-v3": [3, 1, 2]}
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def probe(request, tiny_verifier, tmp_path_factory):
+    """Shards extracted by vLLM from one verifier (float32), its transformers oracle, the rows and the aux ids."""
+    name, aux = request.param, ARCHS[request.param]
+    verifier = tiny_verifier(name)
     out = tmp_path_factory.mktemp("extract")
-    rows = _rows(AutoTokenizer.from_pretrained(str(verifier_dir)))
+    rows = _rows(AutoTokenizer.from_pretrained(str(verifier)))
     write_jsonl(out / "rows.jsonl", rows)
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "extract_probe.py"), str(verifier_dir),
-                           str(out / "rows.jsonl"), str(out), *map(str, AUX_GIVEN)],
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "extract_probe.py"), str(verifier),
+                           str(out / "rows.jsonl"), str(out), *map(str, aux)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     shards = {name: list(iter_shard(str(out / f"{name}.safetensors"))) for name in ("batch", "single", "cached")}
-    return rows, shards, json.loads((out / "left.json").read_text())
+    return {"rows": rows, "shards": shards, "left": json.loads((out / "left.json").read_text()), "aux": aux,
+            "oracle": load_verifier_model(str(verifier), "float32")}
 
 
-@pytest.fixture(scope="module")
-def oracle(verifier_dir):
-    return load_verifier_model(str(verifier_dir), "float32")
-
-
-def test_vllm_states_equal_the_transformers_oracle(probe, oracle):
-    rows, shards, _ = probe
+def test_vllm_states_equal_the_transformers_oracle(probe):
+    rows, shards, aux, oracle = probe["rows"], probe["shards"], probe["aux"], probe["oracle"]
     n, h = oracle.config.num_hidden_layers, oracle.config.hidden_size
     worst = 0.0
     for row, s in zip(rows, shards["batch"]):
         ids = row["prompt_token_ids"] + row["completion_token_ids"]
         assert s["input_ids"].tolist() == ids
         assert s["loss_mask"].tolist() == [0] * len(row["prompt_token_ids"]) + [1] * len(row["completion_token_ids"])
-        ref = capture_layers(oracle, torch.tensor(ids), [1, 2, 4, n])
+        ref = capture_layers(oracle, torch.tensor(ids), sorted(aux) + [n])
         assert s["hidden_states"].shape == (len(ids), 3 * h) and s["hidden_states"].dtype == torch.float32
-        for j, k in enumerate(sorted(AUX_GIVEN)):  # ascending ids, whatever the order given
+        for j, k in enumerate(sorted(aux)):  # ascending ids, whatever the order given
             worst = max(worst, float((s["hidden_states"][:, j * h:(j + 1) * h] - ref[k]).abs().max()))
         worst = max(worst, float((s["verifier_last_hidden_states"] - ref[n]).abs().max()))
     assert worst < 1e-4, worst
     assert len(shards["batch"]) == len(rows) == 10
 
 
-def test_last_state_is_pre_norm(probe, oracle):
-    rows, shards, _ = probe
+def test_last_state_is_pre_norm(probe):
+    rows, oracle = probe["rows"], probe["oracle"]
     ids = torch.tensor(rows[0]["prompt_token_ids"] + rows[0]["completion_token_ids"])
-    last = shards["batch"][0]["verifier_last_hidden_states"]
+    last = probe["shards"]["batch"][0]["verifier_last_hidden_states"]
     with torch.no_grad():
         post = oracle(input_ids=ids.unsqueeze(0), output_hidden_states=True).hidden_states[-1][0]
         normed = oracle.model.norm(last.unsqueeze(0))[0]
@@ -109,10 +108,10 @@ def test_last_state_is_pre_norm(probe, oracle):
 
 
 def test_batch_equals_single_requests_and_prefix_cache(probe):
-    _, shards, left = probe
+    shards = probe["shards"]
     for name in ("single", "cached"):
         for a, b in zip(shards["batch"], shards[name]):
             assert torch.equal(a["input_ids"], b["input_ids"])
             for key in ("hidden_states", "verifier_last_hidden_states"):
                 assert torch.allclose(a[key], b[key], atol=1e-5, rtol=0), (name, key)
-    assert left == []  # every per-request file and its lock were folded in and removed
+    assert probe["left"] == []  # every per-request file and its lock were folded in and removed
