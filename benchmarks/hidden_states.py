@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+BATCHED_TOKENS = 4096  # the same scheduler budget for both engines (vLLM's default differs with a speculative method)
 sys.path.insert(0, str(REPO))
 
 
@@ -81,7 +82,8 @@ def _phase(name: str, verifier: str, rows_file: str, aux: list[int]) -> dict:
     elif name == "extract":
         requests = Path(tempfile.mkdtemp(prefix="draftpipe-bench-"))
         llm = ex.open_extractor(verifier, layer_ids=ex.engine_layer_ids(aux, num_layers), dtype="float32",
-                                max_len=max_len, seed=0, request_dir=requests)
+                                max_len=max_len, seed=0, request_dir=requests,
+                                engine={"max_num_batched_tokens": BATCHED_TOKENS})
         result["start_s"] = time.perf_counter() - t0
         hidden = json.loads((Path(verifier) / "config.json").read_text())
         hidden = hidden.get("text_config", hidden)["hidden_size"]
@@ -95,7 +97,8 @@ def _phase(name: str, verifier: str, rows_file: str, aux: list[int]) -> dict:
         from draftpipe.completions import engine_kwargs
 
         llm = LLM(**engine_kwargs(verifier, dtype="float32", max_model_len=max_len + 1, seed=0,
-                                  extra={"enable_prefix_caching": True}))
+                                  extra={"enable_prefix_caching": True,
+                                         "max_num_batched_tokens": BATCHED_TOKENS}))
         result["start_s"] = time.perf_counter() - t0
         params = SamplingParams(max_tokens=1, temperature=0.0)
         run = lambda rows: llm.generate(  # noqa: E731
@@ -117,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aux", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--phase", choices=["extract", "prefill", "transformers"], help=argparse.SUPPRESS)
     ap.add_argument("--rows-file", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.phase:
-        print(json.dumps(_phase(args.phase, args.verifier, args.rows_file, args.aux)))
+        Path(args.result).write_text(json.dumps(_phase(args.phase, args.verifier, args.rows_file, args.aux)))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         verifier = args.verifier
@@ -132,13 +136,14 @@ def main(argv: list[str] | None = None) -> int:
         rows_file.write_text("".join(json.dumps(r) + "\n" for r in _rows(verifier, args.completions, args.rows)))
         results = {}
         for phase in ("extract", "prefill", "transformers"):
+            result = Path(tmp) / f"{phase}.json"
             proc = subprocess.run([sys.executable, __file__, "--phase", phase, "--verifier", verifier,
-                                   "--rows-file", str(rows_file), "--aux", *map(str, args.aux)],
+                                   "--rows-file", str(rows_file), "--result", str(result), "--aux", *map(str, args.aux)],
                                   capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 return 1
-            results[phase] = json.loads(proc.stdout.strip().splitlines()[-1])
+            results[phase] = json.loads(result.read_text())
     e, p, t = results["extract"], results["prefill"], results["transformers"]
     print(f"{e['sequences']} sequences, {e['tokens']} tokens, aux ids {args.aux}")
     for name, r in results.items():
