@@ -7,7 +7,7 @@ killed yet is part-way:
 - ``verifier``, ``prompt_shard``, ``vocab_maps``: a job script of the stage is running;
 - ``completions``, ``hidden_states``: a job is computing the stage's shards with one shard finished in its store
   (``draftpipe/stage.py``) and another still to do (for hidden states, the vLLM engine is extracting the second
-  shard in calls of 256 tokens, ``resources.hidden_states.batch_tokens``, which shapes no artifact);
+  shard in calls of 256 tokens, ``resources.hidden_states.batch_tokens``, as in the ``built`` run);
 - ``draft``: training runs and its first epoch checkpoint is complete.
 
 A SIGKILLed Snakemake leaves its lock behind, so each rerun is ``--unlock`` then ``--rerun-incomplete``; reruns go
@@ -30,7 +30,7 @@ import pytest
 
 from draftpipe.draft import latest_checkpoint
 from draftpipe.io import sha256_file
-from workflow import copy_workflow, snakemake
+from workflow import copy_workflow, small_extraction_calls, snakemake
 
 TARGET = "results/draft/model.safetensors"
 SHARDS = 2  # training shards of the embedded default
@@ -157,12 +157,9 @@ def artifacts(work: Path) -> dict[str, Path]:
 
 def test_a_kill_in_every_stage_ends_in_the_uninterrupted_artifacts(built, tmp_path, runs):
     work = copy_workflow(tmp_path / "workflow").resolve()
-    # small vLLM calls for hidden states (a resource: the bytes must still equal the `built` run's) stretch the
-    # time between the stage's first and last finished shard, where the kill lands
-    cfg = work / "config.yaml"
-    line = "  hidden_states: {gpus: 0, threads: 2, mem_mb: 8000, runtime: 120}"
-    assert line in cfg.read_text()
-    cfg.write_text(cfg.read_text().replace(line, line[:-1] + ", batch_tokens: 256}"))
+    # small vLLM calls for hidden states, as in the `built` run: they stretch the time between the stage's first
+    # and last finished shard, where the kill lands
+    small_extraction_calls(work)
     todo, kills, finished = set(STAGES), [], {}
     run = Run(work, tmp_path / "run1.log")
     while todo:

@@ -26,6 +26,19 @@ def copy_workflow(dest: Path) -> Path:
     return dest
 
 
+HIDDEN_STATES_RESOURCES = "  hidden_states: {gpus: 0, threads: 2, mem_mb: 8000, runtime: 120}"
+
+
+def small_extraction_calls(workdir: Path, tokens: int = 256) -> None:
+    """Send hidden-state requests to vLLM in calls of ``tokens`` tokens in this copy (``resources.hidden_states.
+    batch_tokens``, which shapes no artifact). vLLM's states depend on the batch at the last bit, so runs whose
+    bytes are compared use the same calls; small calls also stretch the extraction of each shard."""
+    cfg = workdir / "config.yaml"
+    text = cfg.read_text()
+    assert HIDDEN_STATES_RESOURCES in text
+    cfg.write_text(text.replace(HIDDEN_STATES_RESOURCES, HIDDEN_STATES_RESOURCES[:-1] + f", batch_tokens: {tokens}}}"))
+
+
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "snakemake", "--cores", "2", *args]
     proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
