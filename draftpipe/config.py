@@ -170,11 +170,19 @@ def check_config(config: dict, resolved: dict) -> dict[str, Any]:
 
     Checked: every ``prompts.sources[i].path`` and ``bench.prompt_sets[i].path`` is a file,
     ``hidden_states.aux_layer_ids`` fit the verifier's depth, ``vocab.draft_vocab_size`` does not exceed the
-    verifier's vocabulary.
+    verifier's vocabulary, the draft's training ranks divide ``draft.batches_per_step``.
 
     Raises:
         ConfigError: naming the key of the first wrong value.
     """
+    from draftpipe.ranks import draft_world_size
+
+    ranks = draft_world_size((config.get("resources") or {}).get("draft") or {})
+    per_step = (config.get("draft") or {}).get("batches_per_step", 1)
+    if per_step % ranks:
+        raise ConfigError(f"draft.batches_per_step: {per_step} is not a multiple of the draft's {ranks} training ranks "
+                          "(resources.draft.nodes x resources.draft.ranks, or one per GPU of resources.draft.gpus): "
+                          "each step's packed batches are shared by the ranks")
     for i, src in enumerate(config["prompts"]["sources"]):
         if not Path(src["path"]).is_file():
             raise ConfigError(f"prompts.sources[{i}].path: {src['path']} does not exist")

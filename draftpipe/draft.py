@@ -69,6 +69,9 @@ class DraftSettings:
     loss_fn: str = "kl_div"
     scheduler_type: str = "linear"
     sliding_window: int | None = None
+    #: packed batches of ``total_seq_len`` tokens per optimizer step (the global batch; the ranks share them, so
+    #: their number must divide it): see :mod:`draftpipe.ranks`
+    batches_per_step: int = 1
     extra: dict = field(default_factory=dict)
 
 
@@ -193,13 +196,62 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _is_fsdp(model) -> bool:
+    """Whether ``model`` is sharded by FSDP2 (``torch.distributed.fsdp.fully_shard``)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def _gather_objects(obj) -> list:
+    """``obj`` of every rank, in rank order (``[obj]`` in a single process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def _trainer_class():
+    import contextlib
     import time
 
     import torch
     from speculators.train import trainer as trainer_module
     from speculators.train.checkpointer import SingleGPUCheckpointer, convert_float_dtype, patch_config_dtype
-    from speculators.train.trainer import Trainer
+    from speculators.train.trainer import MIN_STEP_PCT, Trainer, _all_reduce_metrics, metric_logger
+    from speculators.train.utils import normalize_counted_metrics
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+    from torch.nn.parallel import DistributedDataParallel
 
     if torch.accelerator.current_accelerator() is None:
         # speculators' step timer calls torch.accelerator.synchronize(), which raises without an accelerator;
@@ -222,8 +274,10 @@ def _trainer_class():
         counting only complete checkpoints (:func:`latest_checkpoint`)."""
 
         def __init__(self, path):
-            for removed in clean_work_dir(path):
-                log.info("removed %s (interrupted save, incomplete or superseded checkpoint)", removed)
+            if _rank() == 0:
+                for removed in clean_work_dir(path):
+                    log.info("removed %s (interrupted save, incomplete or superseded checkpoint)", removed)
+            _barrier()
             super().__init__(path)
             self.state = None
             found = latest_checkpoint(self.path)
@@ -241,17 +295,32 @@ def _trainer_class():
         def load_model_state_dict(self, model, float_dtype=None):
             """Restore the weights and buffers of the checkpoint exactly (frozen verifier parameters, not saved,
             are those the model was built with)."""
-            missing, unexpected = model.load_state_dict(self.state["model"], strict=False)
+            if _is_fsdp(model):  # every rank loads the full state into its shards
+                missing, unexpected = set_model_state_dict(
+                    model, self.state["model"], options=StateDictOptions(full_state_dict=True, strict=False))
+            else:
+                missing, unexpected = model.load_state_dict(self.state["model"], strict=False)
             frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
-            if unexpected or set(missing) != set(self.state["frozen"]) or not set(missing) <= frozen:
+            saved, saved_frozen = set(self.state["model"]), set(self.state["frozen"])
+            if (unexpected or not set(missing) <= frozen or saved_frozen != frozen
+                    or saved | saved_frozen != set(model.state_dict())):
                 raise ValueError(f"{self.prev_path / TRAINING_STATE} does not fit the draft: missing {missing}, "
                                  f"unexpected {unexpected}")
 
         def load_optimizer_state_dict(self, model, optimizer, float_dtype=None):
-            """Restore the optimizer states (moments and step counts) exactly."""
+            """Restore the optimizer states (moments and step counts) exactly. They are saved keyed by parameter
+            name, unsharded (``torch.distributed.checkpoint.state_dict``), so a checkpoint of one layout (one rank,
+            DDP, FSDP, any world size) resumes in another."""
             optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
-            for opt, sd in zip(optimizers, self.state["optimizers"], strict=True):
-                opt.load_state_dict(sd)
+            saved = self.state["optimizers"]
+            if isinstance(saved, list):  # per-optimizer state dicts of single-process checkpoints before ranks
+                for opt, sd in zip(optimizers, saved, strict=True):
+                    opt.load_state_dict(sd)
+                return
+            for opt in optimizers:  # the saved groups carry the scheduler's initial_lr; the loader maps keys from
+                for group in opt.param_groups:  # the fresh optimizer's groups, so give them one too
+                    group.setdefault("initial_lr", group["lr"])
+            set_optimizer_state_dict(model, optimizers, saved, options=StateDictOptions(full_state_dict=_is_fsdp(model)))
 
         def load_scheduler_state_dict(self, scheduler):
             """Restore the learning-rate schedulers and the learning rate they set."""
@@ -267,7 +336,10 @@ def _trainer_class():
 
     class ResumableTrainer(Trainer):
         """speculators' Trainer, placed on the CPU when the machine has no accelerator (it assumes ``cuda:rank``),
-        that saves an exact, atomically written checkpoint after each epoch and resumes from the last one."""
+        that saves an exact, atomically written checkpoint after each epoch and resumes from the last one, and
+        whose steps are made of ``batches_per_step`` packed batches shared by the ranks (:mod:`draftpipe.ranks`):
+        its own :meth:`train_epoch` and :meth:`val_epoch` replace speculators' one-batch-per-rank loop, which
+        ties the global batch to the world size. Model set-up (DDP), optimizers and schedulers are speculators'."""
 
         def setup_trainer(self):
             """Place the trainer, then find the last complete checkpoint (speculators' setup reads the epoch and
@@ -275,8 +347,6 @@ def _trainer_class():
             if torch.accelerator.current_accelerator() is None:
                 self.local_rank = torch.device("cpu")
                 self.device_type = "cpu"
-            if self.is_distributed:
-                raise NotImplementedError("draftpipe trains the draft in one process")
             self.checkpointer = ExactCheckpointer(self.config.save_path)
             self.metric_records: list[dict] = []
             super().setup_trainer()
@@ -297,9 +367,19 @@ def _trainer_class():
             steps of it; remove the previous one."""
             root = self.checkpointer.path
             final = root / checkpoint_name(epoch, local_step)
+            rank_rng = _gather_objects(rng_state())  # every rank's random state (a collective: all ranks save)
+            model = self._bare_model()
+            if _is_fsdp(model):  # gather the full states on rank 0 (collectives: every rank takes part)
+                full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+                state_dict = get_model_state_dict(model, options=full)
+                optimizer_states = get_optimizer_state_dict(model, self.optimizers, options=full)
+            else:  # replicated: rank 0's states are every rank's
+                state_dict = model.state_dict() if _rank() == 0 else None
+                optimizer_states = get_optimizer_state_dict(self.model, self.optimizers) if _rank() == 0 else None
+            if _rank() != 0:
+                _barrier()
+                return final
             with atomic_dir(final) as tmp:
-                model = self.model
-                state_dict = model.state_dict()
                 # frozen parameters (the verifier's lm_head and norm, the embeddings unless trained) are rebuilt
                 # from the verifier on resume; everything else is saved in full precision
                 frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
@@ -312,22 +392,108 @@ def _trainer_class():
                     "global_step": self.global_step,
                     "model": {k: v.detach().cpu() for k, v in state_dict.items() if k not in frozen},
                     "frozen": sorted(frozen),
-                    "optimizers": [opt.state_dict() for opt in self.optimizers],
+                    "optimizers": optimizer_states,
                     "schedulers": [sched.state_dict() for sched in self.schedulers],
-                    "rng": rng_state(),
+                    "rng": rank_rng[0],
+                    "rank_rng": rank_rng,
                     # mid-epoch: the records of the epoch so far too
                     "metrics": self.metric_records + list(self._collector.records),
                 }, tmp / TRAINING_STATE)
             clean_work_dir(root)
+            _barrier()
             log.info("saved epoch %d%s checkpoint %s", epoch, f" step {local_step}" if local_step else "", final)
             return final
+
+        def _bare_model(self):
+            return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
+
+        def _to_device(self, batch):
+            return {k: v.to(self.local_rank, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                    for k, v in batch.items()}
+
+        def _reduce(self, sums: dict) -> dict:
+            """Sum the metric tensors over the ranks; ``x_sum / x_total`` pairs become ``x``."""
+            if self.is_distributed:
+                sums = _all_reduce_metrics(sums)
+            return normalize_counted_metrics({k: float(v) for k, v in sums.items()}, 1)
+
+        def train_epoch(self, epoch: int):
+            """One epoch of steps, each the mean gradient of the step's ``batches_per_step`` packed batches
+            (this rank's share, gradients accumulated, then averaged over the ranks by DDP), clipped to norm 1,
+            then the optimizer and scheduler steps. A resumed epoch starts after the steps already trained."""
+            self.model.train()
+            sampler = self.train_loader.batch_sampler
+            sampler.set_epoch(epoch)
+            steps, k = sampler.steps, sampler.per_rank
+            skip = self._resume_local_step if epoch == self.current_epoch else 0
+            self._resume_local_step = 0
+            sampler.skip = skip
+            if skip:
+                log.info("epoch %d: skipping the %d steps already trained", epoch, skip)
+            interval = (max(1, round(steps * self.config.checkpoint_freq)) if self.config.checkpoint_freq < 1
+                        else None)
+            batches = iter(self.train_loader)
+            call_kw = self.config.train_call_kwargs or {}
+            for local_step in range(skip + 1, steps + 1):
+                self._optimizers_zero_grad()
+                sums: dict = {}
+                for i in range(k):
+                    batch = next(batches)
+                    sync = contextlib.nullcontext()
+                    if self.is_distributed and isinstance(self.model, DistributedDataParallel) and i < k - 1:
+                        sync = self.model.no_sync()  # gradients are averaged over the ranks after the last batch
+                    elif _is_fsdp(self.model):
+                        self.model.set_requires_gradient_sync(i == k - 1)
+                    with sync:
+                        with torch.autocast(self.device_type, dtype=self.config.hidden_states_dtype):
+                            _, loss, metrics = self.model(**self._to_device(batch), **call_kw)
+                        (loss if k == 1 else loss / k).backward()
+                    metrics["error_records_sum"] = torch.tensor(float(batch["error_records"]), device=loss.device)
+                    metrics["error_records_total"] = torch.tensor(1.0, device=loss.device)
+                    for key, v in metrics.items():
+                        v = v.detach().float().reshape(())
+                        sums[key] = v if key not in sums else sums[key] + v
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                lr = self.optimizers[0].param_groups[0]["lr"]
+                self._optimizers_step()
+                self._schedulers_step()
+                metric_logger.info({"train": self._reduce(sums), "epoch": epoch, "lr": lr,
+                                    "global_step": self.global_step}, extra={"step": self.global_step})
+                self.global_step += 1
+                if (interval is not None and local_step % interval == 0
+                        and steps - local_step >= interval * MIN_STEP_PCT):
+                    self.maybe_save_checkpoint(epoch, local_step=local_step)
+
+        @torch.no_grad()
+        def val_epoch(self, epoch: int):
+            """Validation metrics over every packed validation batch (each rank its share, summed over ranks)."""
+            self.model.eval()
+            sampler = self.val_loader.batch_sampler
+            sampler.set_epoch(epoch)
+            call_kw = self.config.val_call_kwargs or {}
+            sums: dict = {}
+            for batch in self.val_loader:
+                with torch.autocast(self.device_type, dtype=self.config.hidden_states_dtype):
+                    _, _, metrics = self.model(**self._to_device(batch), **call_kw)
+                for key, v in metrics.items():
+                    v = v.detach().float().reshape(())
+                    sums[key] = v if key not in sums else sums[key] + v
+            if self.is_distributed:
+                # ranks without a validation batch still join the reduction, with zeros for every metric
+                keys = _gather_objects(sorted(sums))
+                names = sorted({n for ks in keys for n in ks})
+                sums = {n: sums.get(n, torch.zeros((), device=self.local_rank)) for n in names}
+            val = {f"{key}_epoch": v for key, v in self._reduce(sums).items()}
+            metric_logger.info({"val": val, "epoch": epoch}, extra={"step": self.global_step})
+            return val
 
         def run_training(self):
             """Train the epochs after the last checkpoint (all of them on a fresh work directory)."""
             ckpt = self.checkpointer
             n_epochs = self.config.num_epochs
             if ckpt.state is not None:
-                set_rng_state(ckpt.state["rng"])
+                ranks = ckpt.state.get("rank_rng") or [ckpt.state["rng"]]
+                set_rng_state(ranks[_rank()] if len(ranks) == _world_size() else ranks[0])
                 self.metric_records = list(ckpt.state["metrics"])
                 step = ckpt.state.get("local_step", 0)
                 log.info("resuming from epoch %d%s checkpoint %s (global step %d, %d of %d epochs left)",
@@ -429,7 +595,8 @@ def build_draft(verifier_dir: str, aux_ids: list[int], d2t, t2d, draft_vocab_siz
 
 
 def train_draft(verifier_dir: str, shards: list[str], vocab_maps: str, work_dir: str, s: DraftSettings,
-                checkpoints_per_epoch: int = 1) -> tuple[Path, list[dict]]:
+                checkpoints_per_epoch: int = 1, ranks: int = 1, threads: int | None = None,
+                fsdp: bool = False, nodes: int = 1) -> tuple[Path, list[dict]]:
     """Train the draft; return the directory of the final epoch's checkpoint and the per-epoch metrics.
 
     Training state lives in ``work_dir``: one exact checkpoint, ``<epoch>/`` at the end of an epoch or
@@ -439,15 +606,60 @@ def train_draft(verifier_dir: str, shards: list[str], vocab_maps: str, work_dir:
     the seed and the epoch, so the data position is the step), logging ``resuming from epoch N [step K] checkpoint
     <dir>``, and ends with the same weights as an uninterrupted run.
 
+    ``ranks`` > 1 trains with that many ranks under torchrun on this node, ``nodes`` > 1 with ``ranks`` on each
+    node of a SLURM job (``srun`` + a torchrun rendezvous) (DDP; NCCL on GPUs, gloo on CPUs; each rank
+    ``threads // ranks`` threads); the ranks share each step's ``s.batches_per_step`` packed batches, so the
+    draft is the one-rank draft up to floating-point reduction order (:mod:`draftpipe.ranks`). Only rank 0 writes.
+    Called under torchrun (``LOCAL_RANK`` set), it trains as one of the ranks. ``fsdp`` shards the draft, its
+    gradients and optimizer states over the ranks (speculators' ``fully_shard`` of each decoder layer and of the
+    model) instead of replicating it (DDP), for drafts that do not fit one device; checkpoints still hold the full
+    states, gathered on rank 0.
+
     Raises:
-        ShardError: a shard is truncated or corrupt. ValueError: inconsistent shards (aux ids, hidden size).
+        ShardError: a shard is truncated or corrupt. ValueError: inconsistent shards (aux ids, hidden size), or
+        ``ranks`` does not divide ``s.batches_per_step``. RuntimeError: a rank failed.
     """
+    import torch
+
+    from draftpipe.ranks import init_ranks, launch
+
+    world = max(1, ranks) * max(1, nodes)
+    if s.batches_per_step < 1 or s.batches_per_step % world:
+        raise ValueError(f"draft.batches_per_step ({s.batches_per_step}) must be a multiple of the number of "
+                         f"training ranks ({world})")
+    if world > 1 and "LOCAL_RANK" not in os.environ:
+        from dataclasses import asdict
+
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+        launch(ranks, {"verifier_dir": str(verifier_dir), "shards": [str(p) for p in shards],
+                       "vocab_maps": str(vocab_maps), "work_dir": str(work_dir), "s": asdict(s),
+                       "checkpoints_per_epoch": checkpoints_per_epoch, "fsdp": fsdp},
+               Path(str(work_dir) + ".launch.json"), threads, nodes)
+        final = Path(work_dir) / str(s.epochs - 1)
+        state = torch.load(final / TRAINING_STATE, map_location="cpu", weights_only=True)
+        return final, epoch_metrics(state["metrics"])
+    distributed = init_ranks()
+    try:
+        return _train_here(verifier_dir, shards, vocab_maps, work_dir, s, checkpoints_per_epoch,
+                           fsdp and distributed)
+    finally:
+        if distributed:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, checkpoints_per_epoch: int,
+                fsdp: bool = False):
+    """:func:`train_draft` in this process (one rank, or one of several under torchrun)."""
     import torch
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3.data import shift_batch
-    from speculators.train.dataloader import _setup_dataloader
+    from speculators.train.data import CollateFn
     from speculators.train.trainer import TrainerConfig
+    from torch.utils.data import DataLoader
 
+    from draftpipe.ranks import StepBatchSampler
     from draftpipe.vocab import read_maps
 
     metas = [read_shard_metadata(p) for p in shards]
@@ -469,15 +681,24 @@ def train_draft(verifier_dir: str, shards: list[str], vocab_maps: str, work_dir:
     Dataset = _dataset_class()
     train_ds = Dataset(shards, s.total_seq_len, "train", s.val_every, hs_dtype)
     val_ds = Dataset(shards, s.total_seq_len, "val", s.val_every, hs_dtype)
-    loader_kw = dict(total_seq_len=s.total_seq_len, hidden_size=hidden_size, num_workers=0,
-                     num_target_layers=len(aux_ids), prefetch_factor=None, preprocess=shift_batch, seed=s.seed)
-    train_loader = _setup_dataloader(train_ds, **loader_kw)
-    val_loader = _setup_dataloader(val_ds, **loader_kw) if len(val_ds) else None
+    rank, size = _rank(), _world_size()
+
+    def loader(ds):
+        # speculators' collation; the batches of each step from StepBatchSampler (speculators' multipack packing)
+        sampler = StepBatchSampler(ds.approx_lengths, s.total_seq_len, s.batches_per_step, rank, size, s.seed)
+        return DataLoader(ds, batch_sampler=sampler, num_workers=0, pin_memory=on_gpu,
+                          collate_fn=CollateFn(s.total_seq_len, hidden_size, num_target_layers=len(aux_ids),
+                                               dtype=hs_dtype, preprocess=shift_batch))
+
+    train_loader = loader(train_ds)
+    val_loader = loader(val_ds) if len(val_ds) else None
     call_kw = {"ttt_steps": s.ttt_steps, "ttt_step_loss_decay": s.ttt_step_loss_decay,
                "loss_config": resolve_loss_config(s.loss_fn, loss_impl)}
     cfg = TrainerConfig(lr=s.lr, num_epochs=s.epochs, save_path=str(work_dir), resume_from_checkpoint=True,
                         train_call_kwargs=call_kw, val_call_kwargs=call_kw, scheduler_type=s.scheduler_type,
-                        hidden_states_dtype=hs_dtype,
+                        # the schedule counts optimizer steps, not this rank's packed batches
+                        scheduler_total_steps=s.epochs * train_loader.batch_sampler.steps,
+                        hidden_states_dtype=hs_dtype, fsdp_shard=fsdp,
                         checkpoint_freq=1 if checkpoints_per_epoch <= 1 else 1 / checkpoints_per_epoch)
     trainer = _trainer_class()(model, cfg, train_loader, val_loader)
     trainer.run_training()

@@ -71,8 +71,13 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None) -> dict
         ``completion_bytes``, ``disk_bytes`` (hidden states + completions + prompts) and the inputs to the estimate;
         for the hidden-state job's vLLM engine: ``engine_tp`` (tensor parallel size, 1 on the CPU),
         ``state_cache_bytes_per_token`` (the hidden-state cache, on every GPU) and ``kv_bytes_per_token`` (per
-        GPU; None when unknown), both in the engine's dtype (bfloat16 for ``auto``).
+        GPU; None when unknown), both in the engine's dtype (bfloat16 for ``auto``); for the draft job:
+        ``draft_ranks`` (all torchrun ranks, :func:`draftpipe.ranks.draft_world_size`), ``draft_nodes``,
+        ``draft_gpus`` (per node) and ``draft_batch_tokens`` (tokens per optimizer step: ``batches_per_step`` x
+        ``total_seq_len``).
     """
+    from draftpipe.ranks import draft_world_size
+
     records = chars = 0
     for src in config["prompts"]["sources"]:
         n, b = count_source(src["path"])
@@ -95,7 +100,12 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None) -> dict
             "disk_bytes": hidden + completion + 2 * chars, "hidden_size": H, "aux_states": len(aux) + 1,
             "dtype": config["hidden_states"]["dtype"], "engine_tp": tp,
             "state_cache_bytes_per_token": (len(aux) + 1) * H * engine_bytes,
-            "kv_bytes_per_token": kv_cache_bytes_per_token(verifier_config, engine_bytes, tp) if verifier_config else None}
+            "kv_bytes_per_token": kv_cache_bytes_per_token(verifier_config, engine_bytes, tp) if verifier_config else None,
+            "draft_ranks": draft_world_size(config["resources"]["draft"]),
+            "draft_nodes": int(config["resources"]["draft"].get("nodes") or 1),
+            "draft_gpus": int(config["resources"]["draft"]["gpus"]),
+            "draft_batches_per_step": int(config["draft"]["batches_per_step"]),
+            "draft_batch_tokens": int(config["draft"]["batches_per_step"]) * int(config["draft"]["total_seq_len"])}
 
 
 def human(n: float) -> str:
@@ -116,7 +126,12 @@ def format_plan(p: dict) -> str:
             f"hidden_states engine: vLLM extract_hidden_states, tensor parallel {p['engine_tp']}; hidden-state cache "
             f"{human(p['state_cache_bytes_per_token'])} per token on every GPU"
             + (f", beside the KV cache's {human(p['kv_bytes_per_token'])} per token per GPU"
-               if p.get("kv_bytes_per_token") else ""))
+               if p.get("kv_bytes_per_token") else "")
+            + (f"\ndraft training: {p['draft_ranks']} rank(s) (torchrun, DDP) on "
+               + (f"{p['draft_gpus']} GPU(s)" if p["draft_gpus"] else "the CPU")
+               + (f" on each of {p['draft_nodes']} nodes (srun + torchrun rendezvous)" if p["draft_nodes"] > 1 else "")
+               + f"; each step {p['draft_batches_per_step']} packed batch(es), {p['draft_batch_tokens']:,} tokens, "
+               f"shared by the ranks" if "draft_ranks" in p else ""))
 
 
 class DiskSpaceError(RuntimeError):

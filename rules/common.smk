@@ -8,6 +8,7 @@ from draftpipe.plan import DiskSpaceError, check_disk, format_plan, plan
 from draftpipe.fingerprint import prompt_fingerprints
 from draftpipe.hidden_states import check_shards_cached
 from draftpipe.provenance import quarantine
+from draftpipe.ranks import slurm_resources
 from draftpipe.config import ConfigError, check_config, verifier_identity
 from draftpipe.verifier import VerifierNotFoundError, load_verifier_config, resolve_verifier
 
@@ -113,6 +114,12 @@ def stage_resources(stage):
         value = config["slurm"].get(key) or os.environ.get(f"DRAFTPIPE_SLURM_{key.upper()}")
         if value and (key != "gpu_model" or out["gpu"] > 0):
             out[name] = value
+    if stage == "draft" and res("draft", "nodes") > 1:
+        # several nodes: GPUs per node as gres, one torchrun task per node (draftpipe.ranks.slurm_resources)
+        out.update(slurm_resources(config["resources"]["draft"]))
+        out.pop("gpu")
+        if "gpu_model" in out and "gres" in out:  # the plugin would add --gpus=<model>:1
+            out["gres"] = f"gpu:{out.pop('gpu_model')}:{res('draft', 'gpus')}"
     return out
 
 

@@ -13,6 +13,7 @@ start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 from draftpipe.draft import export_draft, metrics_frame, settings_from_params, train_draft  # noqa: E402
 from draftpipe.hidden_states import require_sound_shards  # noqa: E402
 from draftpipe.io import atomic_path  # noqa: E402
+from draftpipe.ranks import draft_ranks  # noqa: E402
 
 p = snakemake.params
 # never train on a damaged shard: it is quarantined (with its store entry) and the job fails naming it
@@ -25,9 +26,10 @@ key = json.dumps({"params": dict(p.draft), "aux": list(p.aux_layer_ids), "verifi
                   "inputs": [(f, Path(f).stat().st_size, Path(f).stat().st_mtime_ns) for f in snakemake.input.shards]
                   + [(snakemake.input.vocab, Path(snakemake.input.vocab).stat().st_mtime_ns)]}, sort_keys=True)
 work = Path(snakemake.output.model).parent / ".train" / hashlib.sha256(key.encode()).hexdigest()[:16]
-per_epoch = snakemake.config["resources"]["draft"]["checkpoints_per_epoch"]  # not a param: it shapes nothing
+job = snakemake.config["resources"]["draft"]  # not params: they shape nothing
 checkpoint, rows = train_draft(p.verifier, list(snakemake.input.shards), snakemake.input.vocab, str(work), settings,
-                               checkpoints_per_epoch=per_epoch)
+                               checkpoints_per_epoch=job["checkpoints_per_epoch"], ranks=draft_ranks(job),
+                               threads=snakemake.threads, fsdp=job["fsdp"], nodes=job["nodes"])
 with atomic_path(snakemake.output.metrics) as tmp:
     metrics_frame(rows).to_csv(tmp, index=False)
 export_draft(checkpoint, snakemake.output.model, snakemake.output.config, list(p.aux_layer_ids), str(Path(p.verifier).resolve()) if Path(p.verifier).exists() else p.verifier)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -35,9 +36,11 @@ import torch
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
 torch.set_num_threads(1)
 from draftpipe.draft import DraftSettings, export_draft, train_draft
-verifier, shards, maps, work, out, epochs, per_epoch = sys.argv[1:8]
-settings = DraftSettings(epochs=int(epochs), lr=3e-3, total_seq_len=256, val_every=5, seed=0)
-checkpoint, rows = train_draft(verifier, shards.split(","), maps, work, settings, checkpoints_per_epoch=int(per_epoch))
+verifier, shards, maps, work, out, epochs, per_epoch, ranks, per_step, fsdp = sys.argv[1:11]
+settings = DraftSettings(epochs=int(epochs), lr=3e-3, total_seq_len=256, val_every=5, seed=0,
+                         batches_per_step=int(per_step))
+checkpoint, rows = train_draft(verifier, shards.split(","), maps, work, settings, checkpoints_per_epoch=int(per_epoch),
+                               ranks=int(ranks), threads=2, fsdp=fsdp == "fsdp")
 export_draft(checkpoint, out + "/model.safetensors", out + "/config.json", [1, 2, 4], "verifier")
 with open(out + "/metrics.json", "w") as fh:
     json.dump(rows, fh)
@@ -152,11 +155,11 @@ def shards(verifier_dir, tmp_path_factory):
     return paths, str(maps)
 
 
-def _train_cmd(verifier_dir, shards, work, out, per_epoch=1):
+def _train_cmd(verifier_dir, shards, work, out, per_epoch=1, ranks=1, per_step=1, mode="ddp"):
     paths, maps = shards
     out.mkdir(parents=True, exist_ok=True)
     return [sys.executable, "-c", TRAIN, str(verifier_dir), ",".join(paths), maps, str(work), str(out), str(EPOCHS),
-            str(per_epoch)]
+            str(per_epoch), str(ranks), str(per_step), mode]
 
 
 def _env():
@@ -220,3 +223,150 @@ def test_training_killed_after_a_checkpoint_resumes_to_identical_bytes(verifier_
     rows = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert [r["epoch"] for r in rows] == list(range(EPOCHS))
     assert rows == json.loads((reference / "metrics.json").read_text())
+
+
+def _train(verifier_dir, shards, tmp, **kw):
+    run = subprocess.run(_train_cmd(verifier_dir, shards, tmp / "work", tmp / "out", **kw), env=_env(), cwd=tmp,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run
+
+
+@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+def two_ranks(request, verifier_dir, shards, tmp_path_factory):
+    """An uninterrupted 2-rank run (gloo, 1 thread each) with 2 packed batches per step, the draft replicated (DDP)
+    or sharded (FSDP): its output directory."""
+    tmp = tmp_path_factory.mktemp(f"two_ranks_{request.param}")
+    t0 = time.monotonic()
+    run = _train(verifier_dir, shards, tmp, ranks=2, per_step=2, mode=request.param)
+    print(f"2 ranks ({request.param}): {time.monotonic() - t0:.1f} s for {EPOCHS} epochs")
+    assert "training with 2 ranks" in run.stdout + run.stderr and "--nproc-per-node=2" in run.stdout
+    assert "[rank 0/2] draftpipe.ranks INFO 2 ranks joined (gloo)" in run.stdout
+    assert "[rank 0/2] draftpipe.draft INFO saved epoch" in run.stdout
+    return request.param, tmp / "out"
+
+
+@pytest.fixture(scope="module")
+def one_rank(verifier_dir, shards, tmp_path_factory):
+    """The same training as ``two_ranks`` (2 packed batches per step) in one process, gradients accumulated."""
+    tmp = tmp_path_factory.mktemp("one_rank")
+    t0 = time.monotonic()
+    _train(verifier_dir, shards, tmp, ranks=1, per_step=2)
+    print(f"1 rank: {time.monotonic() - t0:.1f} s for {EPOCHS} epochs")
+    return tmp / "out"
+
+
+def _weights(out):
+    import torch
+
+    return torch.load(out / "work" / str(EPOCHS - 1) / TRAINING_STATE, weights_only=True)
+
+
+def test_two_ranks_train_the_one_rank_draft(one_rank, two_ranks):
+    mode, two_out = two_ranks
+    one, two = _weights(one_rank.parent), _weights(two_out.parent)
+    assert one["global_step"] == two["global_step"] > 0
+    assert sorted(one["model"]) == sorted(two["model"])
+    diff = max(float((one["model"][k].double() - two["model"][k].double()).abs().max()) for k in one["model"])
+    print(f"largest weight difference, 1 rank vs 2 ranks ({mode}) after {one['global_step']} steps: {diff:.3g}")
+    assert diff <= 1e-4
+    m1 = json.loads((one_rank / "metrics.json").read_text())
+    m2 = json.loads((two_out / "metrics.json").read_text())
+    assert [r["train_steps"] for r in m1] == [r["train_steps"] for r in m2]
+    assert m1[-1]["val_loss"] == pytest.approx(m2[-1]["val_loss"], rel=1e-5)
+
+
+def test_step_batches_do_not_depend_on_the_world_size():
+    import numpy as np
+    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+
+    from draftpipe.ranks import StepBatchSampler
+
+    lengths = np.random.default_rng(1).integers(20, 200, size=97)
+    for epoch in (0, 3):
+        one = StepBatchSampler(lengths, 256, 4, 0, 1, seed=5)
+        one.set_epoch(epoch)
+        by_rank = []
+        for rank in range(2):
+            sampler = StepBatchSampler(lengths, 256, 4, rank, 2, seed=5)
+            sampler.set_epoch(epoch)
+            assert sampler.steps == one.steps and len(sampler) == 2 * one.steps
+            by_rank.append([list(b) for b in sampler])
+        flat = [list(b) for b in one]
+        assert len(flat) == 4 * one.steps
+        for step in range(one.steps):
+            mine = flat[4 * step:4 * step + 4]  # packed batches 0..3 of the step; rank r trains r and r + 2
+            assert mine == [by_rank[0][2 * step], by_rank[1][2 * step], by_rank[0][2 * step + 1],
+                            by_rank[1][2 * step + 1]]
+            assert all(sum(lengths[i] for i in b) <= 256 for b in mine)
+        # one packed batch per step, one rank: speculators' own sampler, batch for batch
+        single = StepBatchSampler(lengths, 256, 1, 0, 1, seed=5)
+        spec = MultipackDistributedBatchSamplerV2(256, lengths, num_replicas=1, rank=0, seed=5)
+        single.set_epoch(epoch)
+        spec.set_epoch(epoch)
+        assert [list(b) for b in single] == [list(b) for b in spec]
+        # a resumed epoch starts after the steps already trained
+        one.skip = 2
+        assert [list(b) for b in one] == flat[8:]
+    with pytest.raises(ValueError, match="multiple of the number of training ranks"):
+        StepBatchSampler(lengths, 256, 3, 0, 2, seed=5)
+
+
+def _live_ranks(spec: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and spec in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_two_rank_training_killed_after_a_checkpoint_resumes_to_identical_bytes(verifier_dir, shards, two_ranks,
+                                                                                one_rank, tmp_path):
+    work = tmp_path / "work"
+    log = open(tmp_path / "killed.log", "w")
+    mode, two_out = two_ranks
+    proc = subprocess.Popen(_train_cmd(verifier_dir, shards, work, tmp_path / "out", ranks=2, per_step=2, mode=mode),
+                            env=_env(), cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        while latest_checkpoint(work) is None and proc.poll() is None:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)  # the job's process: torchrun and both ranks die with it
+    finally:
+        proc.wait()
+        log.close()
+    assert proc.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
+    spec = str(work) + ".launch.json"
+    deadline = time.monotonic() + 10
+    while _live_ranks(spec) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _live_ranks(spec)
+    killed_at = latest_checkpoint(work)
+    assert killed_at is not None and killed_at[0] < EPOCHS - 1
+
+    import shutil
+
+    shutil.copytree(work, tmp_path / "one" / "work")  # the same checkpoint, resumed by one rank below
+    rerun = _train(verifier_dir, shards, tmp_path, ranks=2, per_step=2, mode=mode)
+    m = re.search(r"resuming from epoch (\d+) checkpoint (\S+)", rerun.stdout)
+    assert m and int(m.group(1)) == killed_at[0], rerun.stdout[-3000:]
+    for name in ("model.safetensors", "config.json"):
+        assert sha256_file(tmp_path / "out" / name) == sha256_file(two_out / name), name
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text()) == json.loads((two_out / "metrics.json").read_text())
+    # the checkpoint holds unsharded states keyed by name: one rank resumes it and ends with the one-rank draft
+    resumed = _train(verifier_dir, shards, tmp_path / "one", ranks=1, per_step=2)
+    assert f"resuming from epoch {killed_at[0]} checkpoint" in resumed.stdout
+    one, mixed = _weights(one_rank.parent), _weights(tmp_path / "one")
+    assert max(float((one["model"][k].double() - mixed["model"][k].double()).abs().max()) for k in one["model"]) <= 1e-4
+
+
+def test_ranks_must_divide_the_steps_batches(verifier_dir, shards, tmp_path):
+    from draftpipe.draft import DraftSettings, train_draft
+
+    paths, maps = shards
+    with pytest.raises(ValueError, match=r"draft.batches_per_step \(3\) must be a multiple of the number of training "
+                                         r"ranks \(2\)"):
+        train_draft(str(verifier_dir), paths, maps, str(tmp_path / "w"), DraftSettings(batches_per_step=3), ranks=2)
+    assert not (tmp_path / "w").exists()

@@ -242,13 +242,56 @@ def test_editing_a_job_script_reruns_its_rule_and_what_follows(built, script, ex
 
 def test_knobs_that_shape_no_artifact_rerun_nothing(built):
     def change(c):
-        c["resources"]["draft"].update(threads=1, mem_mb=1234, checkpoints_per_epoch=4)
+        c["resources"]["draft"].update(threads=1, mem_mb=1234, checkpoints_per_epoch=4, gpus=1, ranks=1, fsdp=True)
         c["resources"]["hidden_states"].update(share_engine=False, batch_tokens=64)
         c["resources"]["completions"].update(runtime=7)
         c["bench"]["report"].update(dpi=60)
         c["hidden_states"]["disk_check"] = False
     cfg = variant(built, "no_shaping", change)
     assert planned_jobs(built, "--configfile", cfg) == {}
+
+
+def test_local_profile_draft_holds_the_gpus_it_asks_for(built, tmp_path):
+    """profiles/local on a node of 4 (fake) GPUs: the draft job asks for 2, holds exactly 2 devices while it trains
+    (draftpipe.gpus' lock per device) and trains with one rank per device."""
+    import fcntl
+    import time
+
+    work = tmp_path / "wf"
+    shutil.copytree(built, work, symlinks=True)
+
+    def two_gpus(c):
+        c["resources"]["draft"]["gpus"] = 2
+        c["draft"].update(batches_per_step=2, epochs=1)
+
+    cfg = variant(work, "two_gpus", two_gpus)
+    assert planned_jobs(work, "--configfile", cfg) == {"draft": 1}
+    locks = tmp_path / "locks"
+    env = {**os.environ, "DRAFTPIPE_GPUS": "4", "DRAFTPIPE_GPU_LOCKS": str(locks)}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "results/draft/model.safetensors", "--workflow-profile",
+                             "profiles/local", "--configfile", cfg, "--cores", "2"], cwd=work, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    held: set[int] = set()
+    while proc.poll() is None:
+        for dev in range(4):
+            path = locks / f"gpu{dev}.lock"
+            if not path.exists():
+                continue
+            with open(path) as fh:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fh, fcntl.LOCK_UN)
+                except BlockingIOError:
+                    held.add(dev)
+        time.sleep(0.2)
+    out = proc.stdout.read()
+    assert proc.returncode == 0, out[-4000:]
+    assert re.search(r"rule draft:(.|\n)*?resources: .*gpu=2", out), out[-4000:]
+    assert held == {0, 1}
+    log = (work / "results/logs/draft.log").read_text()
+    assert "draftpipe.gpus: 2 GPU(s), CUDA_VISIBLE_DEVICES=0,1" in log
+    assert "--nproc-per-node=2" in log and "2 ranks joined" in log
 
 
 def test_missing_verifier_fails_before_any_job(tmp_path):

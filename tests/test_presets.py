@@ -37,7 +37,7 @@ def work(tmp_path_factory):
 
 
 @pytest.mark.parametrize("preset,expect", [
-    ("kimi-k2.5", {"completions": "8", "hidden_states": "8", "compat_report": "8", "bench_run": "8", "draft": "1"}),
+    ("kimi-k2.5", {"completions": "8", "hidden_states": "8", "compat_report": "8", "bench_run": "8", "draft": "8"}),
     ("llama-3.1-8b-instruct", {"completions": "1", "hidden_states": "1", "draft": "1"}),
     ("qwen3-8b", {"completions": "1", "hidden_states": "1", "draft": "1"}),
 ])
@@ -82,6 +82,59 @@ def test_kimi_plan_shows_the_hidden_state_engine(work):
     assert "tensor parallel 8" in engine
     assert "hidden-state cache 56.0 KiB per token on every GPU" in engine
     assert "KV cache's 68.6 KiB per token per GPU" in engine
+
+
+def test_kimi_plan_trains_the_draft_on_eight_gpus(work):
+    out = dry_run(work, "--workflow-profile", "profiles/local", "--configfile", "configs/kimi-k2.5.yaml")
+    line = re.search(r"draft training: .*", out).group(0)
+    # 8 ranks, one per GPU; a step is 8 packed batches of 8192 tokens whatever the number of ranks
+    assert line.startswith("draft training: 8 rank(s) (torchrun, DDP) on 8 GPU(s); each step 8 packed batch(es), "
+                           "65,536 tokens"), line
+    assert dict(jobs_with_resources(out))["draft"]["gpu"] == "8"
+
+
+def test_draft_on_two_nodes_asks_slurm_for_gpus_per_node_and_a_task_per_node(work):
+    import yaml
+
+    cfg = yaml.safe_load((work / "configs/kimi-k2.5.yaml").read_text())
+    cfg["resources"]["draft"]["nodes"] = 2
+    cfg["draft"]["batches_per_step"] = 16
+    (work / "kimi-2nodes.yaml").write_text(yaml.safe_dump(cfg))
+    out = dry_run(work, "--configfile", "kimi-2nodes.yaml")
+    line = re.search(r"draft training: .*", out).group(0)
+    assert line.startswith("draft training: 16 rank(s) (torchrun, DDP) on 8 GPU(s) on each of 2 nodes"), line
+    draft = dict(jobs_with_resources(out))["draft"]
+    # gres is per node (sbatch --gres=gpu:8), one torchrun task per node, the job's command in the batch step
+    assert draft["gres"] == "gpu:8" and draft["nodes"] == "2" and draft["tasks"] == "2" and draft["mpi"] == "srun"
+    assert "gpu" not in draft and draft["tasks_per_gpu"] == "0"
+
+
+def test_multi_node_launch_is_srun_with_a_torchrun_rendezvous():
+    from draftpipe.ranks import torchrun_command
+
+    env = {"SLURM_JOB_ID": "4711", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+    cmd = torchrun_command(8, "w.launch.json", nnodes=2, env=env, hosts=["gpu07", "gpu08"])
+    assert cmd[:5] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    assert cmd[6:9] == ["-m", "torch.distributed.run", "--nnodes=2"]
+    assert "--nproc-per-node=8" in cmd and "--rdzv-backend=c10d" in cmd and "--rdzv-id=4711" in cmd
+    assert "--rdzv-endpoint=gpu07:34211" in cmd  # the first node, port 29500 + job id % 10000
+    assert cmd[-3:] == ["-m", "draftpipe.ranks", "w.launch.json"]
+    one = torchrun_command(2, "w.launch.json")
+    assert one[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    with pytest.raises(RuntimeError, match="resources.draft.nodes: 2 needs a SLURM job"):
+        torchrun_command(8, "w.launch.json", nnodes=2, env={})
+
+
+def test_ranks_must_divide_the_global_batch(work):
+    import yaml
+
+    cfg = yaml.safe_load((work / "configs/kimi-k2.5.yaml").read_text())
+    cfg["draft"]["batches_per_step"] = 4
+    (work / "kimi-4.yaml").write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "snakemake", "results/draft/model.safetensors", "-n", "--configfile", "kimi-4.yaml"]
+    proc = subprocess.run(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.returncode != 0
+    assert "draft.batches_per_step: 4 is not a multiple of the draft's 8 training ranks" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_kv_cache_per_token_follows_the_attention():

@@ -63,8 +63,15 @@ def scontrol_job(job_id: str) -> dict:
 def test_pipeline_runs_through_slurm(cluster, tmp_path):
     work = copy_workflow(tmp_path / "wf")
     # GPU stages ask for one (fake) GPU each, so the scheduler must bind a device per job.
-    cfg = variant(work, "slurm_gpus", lambda c: [c["resources"][s].update(gpus=1)
-                                                 for s in ("completions", "hidden_states", "draft")])
+    # The draft trains with 2 ranks on 2 GPUs (torchrun inside the job; gloo on this CPU machine), the global batch
+    # 2 packed batches per step.
+    def slurm_gpus(c):
+        for stage in ("completions", "hidden_states"):
+            c["resources"][stage]["gpus"] = 1
+        c["resources"]["draft"]["gpus"] = 2
+        c["draft"]["batches_per_step"] = 2
+
+    cfg = variant(work, "slurm_gpus", slurm_gpus)
     comp = cluster / "log" / "jobcomp.txt"
     before = len(jobcomp_records(comp))
     env = {**os.environ, "DRAFTPIPE_ML_PYTHON": sys.executable, "DRAFTPIPE_SLURM_PARTITION": "debug"}
@@ -90,10 +97,18 @@ def test_pipeline_runs_through_slurm(cluster, tmp_path):
         assert records[slurm_id]["JobState"] == "COMPLETED", records[slurm_id]
         assert job["JobState"] == "COMPLETED" and job["WorkDir"] == str(work), job
     gpu_jobs = [j for j in jobs.values() if j.get("TresPerJob") == "gres:gpu:1"]
-    assert len(gpu_jobs) == 5, [j.get("TresPerJob") for j in jobs.values()]  # 2 completions, 2 hidden, draft
-    for log in list((work / "results/logs/completions").glob("*.log")) + list((work / "results/logs/hidden_states").glob("*.log")) + [work / "results/logs/draft.log"]:
+    assert len(gpu_jobs) == 4, [j.get("TresPerJob") for j in jobs.values()]  # 2 completions, 2 hidden
+    for log in list((work / "results/logs/completions").glob("*.log")) + list((work / "results/logs/hidden_states").glob("*.log")):
         m = re.search(r"draftpipe.gpus: 1 GPU\(s\), CUDA_VISIBLE_DEVICES=(\S+)", log.read_text())
         assert m and re.fullmatch(r"[0-7]", m.group(1)), log
+    # the draft: one job with 2 GPUs, its 2 ranks launched by torchrun inside its one task
+    draft_job = [j for j in jobs.values() if j.get("TresPerJob") == "gres:gpu:2"]
+    assert len(draft_job) == 1 and draft_job[0]["NumNodes"] == "1" and draft_job[0]["NumTasks"] == "1", draft_job
+    print("draft job:", {k: draft_job[0].get(k) for k in ("JobId", "TresPerJob", "NumNodes", "NumTasks", "NumCPUs")})
+    draft_log = (work / "results/logs/draft.log").read_text()
+    m = re.search(r"draftpipe.gpus: 2 GPU\(s\), CUDA_VISIBLE_DEVICES=(\S+)", draft_log)
+    assert m and re.fullmatch(r"[0-7],[0-7]", m.group(1)), draft_log[-3000:]
+    assert "--nproc-per-node=2" in draft_log and "[rank 0/2] draftpipe.ranks INFO 2 ranks joined (gloo)" in draft_log
     # Verifier loads per stage: the first job of a stage fills every shard whose input exists; under SLURM the
     # upstream jobs of the other shard may still be running then (no stage-wide ordering), so 1 or 2 loads.
     for stage in ("completions", "hidden_states"):
