@@ -1,6 +1,7 @@
 """Rule `draft`: train the EAGLE-3 draft with speculators and export it in the format vLLM loads."""
 import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -34,3 +35,7 @@ with atomic_path(snakemake.output.metrics) as tmp:
     metrics_frame(rows).to_csv(tmp, index=False)
 export_draft(checkpoint, snakemake.output.model, snakemake.output.config, list(p.aux_layer_ids), str(Path(p.verifier).resolve()) if Path(p.verifier).exists() else p.verifier)
 print(metrics_frame(rows).to_string())
+# The draft is exported: its training state goes (a full-precision copy of the draft and its optimizer, tens of GB for
+# a large verifier), so a forced rerun, or one after draftpipe's code changed, trains afresh instead of exporting it.
+shutil.rmtree(work, ignore_errors=True)
+Path(str(work) + ".launch.json").unlink(missing_ok=True)

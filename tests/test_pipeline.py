@@ -292,6 +292,8 @@ def test_local_profile_draft_holds_the_gpus_it_asks_for(built, tmp_path):
     log = (work / "results/logs/draft.log").read_text()
     assert "draftpipe.gpus: 2 GPU(s), CUDA_VISIBLE_DEVICES=0,1" in log
     assert "--nproc-per-node=2" in log and "2 ranks joined" in log
+    # the exported draft's training state is gone, so a forced rerun trains afresh
+    assert not any((work / "results/draft/.train").iterdir())
 
 
 def test_missing_verifier_fails_before_any_job(tmp_path):
