@@ -170,14 +170,19 @@ def check_config(config: dict, resolved: dict) -> dict[str, Any]:
 
     Checked: every ``prompts.sources[i].path`` and ``bench.prompt_sets[i].path`` is a file,
     ``hidden_states.aux_layer_ids`` fit the verifier's depth, ``vocab.draft_vocab_size`` does not exceed the
-    verifier's vocabulary, the draft's training ranks divide ``draft.batches_per_step``.
+    verifier's vocabulary, the draft's training ranks divide ``draft.batches_per_step`` and are no more per node than
+    the job's GPUs.
 
     Raises:
         ConfigError: naming the key of the first wrong value.
     """
     from draftpipe.ranks import draft_world_size
 
-    ranks = draft_world_size((config.get("resources") or {}).get("draft") or {})
+    job = (config.get("resources") or {}).get("draft") or {}
+    if job.get("gpus") and job.get("ranks") and job["ranks"] > job["gpus"]:
+        raise ConfigError(f"resources.draft.ranks: {job['ranks']} ranks on a node, but the job holds "
+                          f"resources.draft.gpus: {job['gpus']} GPU(s) there: one rank per GPU (leave ranks unset)")
+    ranks = draft_world_size(job)
     per_step = (config.get("draft") or {}).get("batches_per_step", 1)
     if per_step % ranks:
         raise ConfigError(f"draft.batches_per_step: {per_step} is not a multiple of the draft's {ranks} training ranks "

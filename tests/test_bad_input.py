@@ -366,6 +366,26 @@ def test_config_value_errors(fake_verifier, key, value, expected):
     assert raised(ConfigError, check_config, cfg, fake_verifier) == expected
 
 
+@pytest.mark.parametrize("draft,job,expected", [
+    ({"batches_per_step": 3}, {"gpus": 2},
+     "draft.batches_per_step: 3 is not a multiple of the draft's 2 training ranks (resources.draft.nodes x "
+     "resources.draft.ranks, or one per GPU of resources.draft.gpus): each step's packed batches are shared by the "
+     "ranks"),
+    ({"batches_per_step": 8}, {"gpus": 4, "nodes": 3},
+     "draft.batches_per_step: 8 is not a multiple of the draft's 12 training ranks (resources.draft.nodes x "
+     "resources.draft.ranks, or one per GPU of resources.draft.gpus): each step's packed batches are shared by the "
+     "ranks"),
+    ({"batches_per_step": 4}, {"gpus": 2, "ranks": 4},
+     "resources.draft.ranks: 4 ranks on a node, but the job holds resources.draft.gpus: 2 GPU(s) there: one rank "
+     "per GPU (leave ranks unset)"),
+], ids=["per-step", "nodes", "ranks-over-gpus"])
+def test_draft_rank_errors(fake_verifier, draft, job, expected):
+    cfg = {**base_config(), "draft": draft, "resources": {"draft": job}}
+    assert raised(ConfigError, check_config, cfg, fake_verifier) == expected
+    ok = {**base_config(), "draft": {"batches_per_step": 8}, "resources": {"draft": {"gpus": 4, "nodes": 2}}}
+    assert check_config(ok, fake_verifier)["aux_layer_ids"] == [1, 2, 4]
+
+
 def test_good_config_passes_check(fake_verifier):
     assert check_config(base_config(), fake_verifier) == {
         "aux_layer_ids": [1, 2, 4], "draft_vocab_size": 256, "num_hidden_layers": 5, "vocab_size": 512,
