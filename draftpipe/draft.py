@@ -197,15 +197,25 @@ def set_rng_state(state: dict) -> None:
 
 
 def _rank() -> int:
-    import torch.distributed as dist
+    """This rank (0 in a single process): speculators' topology, set by :func:`draftpipe.ranks.init_ranks`."""
+    from speculators.train.distributed import get_rank
 
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return get_rank()
 
 
 def _world_size() -> int:
-    import torch.distributed as dist
+    """The number of ranks (1 in a single process), from speculators' topology."""
+    from speculators.train.distributed import get_world_size
 
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return get_world_size()
+
+
+def _add_metrics(sums: dict, metrics: dict) -> dict:
+    """Add one batch's metric tensors (scalars) into ``sums``, in float32; returns ``sums``."""
+    for key, v in metrics.items():
+        v = v.detach().float().reshape(())
+        sums[key] = v if key not in sums else sums[key] + v
+    return sums
 
 
 def _barrier() -> None:
@@ -450,9 +460,7 @@ def _trainer_class():
                         (loss if k == 1 else loss / k).backward()
                     metrics["error_records_sum"] = torch.tensor(float(batch["error_records"]), device=loss.device)
                     metrics["error_records_total"] = torch.tensor(1.0, device=loss.device)
-                    for key, v in metrics.items():
-                        v = v.detach().float().reshape(())
-                        sums[key] = v if key not in sums else sums[key] + v
+                    _add_metrics(sums, metrics)
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
                 lr = self.optimizers[0].param_groups[0]["lr"]
                 self._optimizers_step()
@@ -475,9 +483,7 @@ def _trainer_class():
             for batch in self.val_loader:
                 with torch.autocast(self.device_type, dtype=self.config.hidden_states_dtype):
                     _, _, metrics = self.model(**self._to_device(batch), **call_kw)
-                for key, v in metrics.items():
-                    v = v.detach().float().reshape(())
-                    sums[key] = v if key not in sums else sums[key] + v
+                _add_metrics(sums, metrics)
             if self.is_distributed:
                 # ranks without a validation batch still join the reduction, with zeros for every metric
                 keys = _gather_objects(sorted(sums))
@@ -621,12 +627,10 @@ def train_draft(verifier_dir: str, shards: list[str], vocab_maps: str, work_dir:
     """
     import torch
 
-    from draftpipe.ranks import init_ranks, launch
+    from draftpipe.ranks import check_batches_per_step, init_ranks, launch
 
     world = max(1, ranks) * max(1, nodes)
-    if s.batches_per_step < 1 or s.batches_per_step % world:
-        raise ValueError(f"draft.batches_per_step ({s.batches_per_step}) must be a multiple of the number of "
-                         f"training ranks ({world})")
+    check_batches_per_step(s.batches_per_step, world)  # before any rank starts
     if world > 1 and "LOCAL_RANK" not in os.environ:
         from dataclasses import asdict
 

@@ -106,6 +106,13 @@ def init_ranks() -> bool:
     return True
 
 
+def check_batches_per_step(per_step: int, world: int) -> None:
+    """Raise ValueError unless ``world`` ranks can share each step's ``per_step`` packed batches evenly."""
+    if per_step < 1 or per_step % world:
+        raise ValueError(f"draft.batches_per_step ({per_step}) must be a multiple of the number of training "
+                         f"ranks ({world})")
+
+
 class StepBatchSampler:
     """The packed batches one rank trains, step by step (a ``batch_sampler`` for a DataLoader).
 
@@ -130,9 +137,7 @@ class StepBatchSampler:
     def __init__(self, lengths, total_seq_len: int, per_step: int, rank: int, world: int, seed: int):
         from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
-        if per_step < 1 or per_step % world:
-            raise ValueError(f"draft.batches_per_step ({per_step}) must be a multiple of the number of training "
-                             f"ranks ({world})")
+        check_batches_per_step(per_step, world)
         self.per_rank = per_step // world
         self.samplers = [MultipackDistributedBatchSamplerV2(total_seq_len, lengths, num_replicas=per_step, rank=j,
                                                             seed=seed) for j in range(rank, per_step, world)]
