@@ -36,6 +36,7 @@ rule all:
     default_target: True
     input:
         "results/prompts/stats.json",
+        "results/completions/stats.json",
         "results/draft/model.safetensors",
         "results/draft/config.json",
         "results/report/compat.json",

@@ -20,7 +20,9 @@ characters overlap the turn's span.
 
 from __future__ import annotations
 
+import hashlib
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from draftpipe.completions import ChatTemplateError
@@ -37,13 +39,50 @@ def tiny_chat_template() -> str:
     return resources.files("draftpipe").joinpath("data/chat_templates/tiny_chat.jinja").read_text()
 
 
+#: ``verifier.chat_template_file`` values that name a template of the package instead of a file
+PACKAGE_TEMPLATES = {"tiny_chat": tiny_chat_template}
+
+
+def template_text(spec: str | None, field: str = "verifier.chat_template_file") -> str | None:
+    """The text of a configured chat template: a name of :data:`PACKAGE_TEMPLATES` or a Jinja file; None for None.
+
+    Raises:
+        FileNotFoundError: naming ``field`` when the file does not exist.
+    """
+    if spec is None:
+        return None
+    if spec in PACKAGE_TEMPLATES:
+        return PACKAGE_TEMPLATES[spec]()
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"{field}: {spec} does not exist (a Jinja chat template file, or one of "
+                                f"{', '.join(sorted(PACKAGE_TEMPLATES))})")
+    return path.read_text(encoding="utf-8")
+
+
+def template_sha256(spec: str | None) -> str | None:
+    """SHA-256 of :func:`template_text` (what :func:`draftpipe.completions.chat_template_hash` records), or None."""
+    text = template_text(spec)
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def use_template(tokenizer: Any, spec: str | None) -> Any:
+    """Give ``tokenizer`` the configured chat template (``verifier.chat_template_file``) in place of its own; a
+    None ``spec`` leaves it as it is. Returns the tokenizer."""
+    text = template_text(spec)
+    if text is not None:
+        tokenizer.chat_template = text
+    return tokenizer
+
+
 def _render(tokenizer: Any, messages: list[dict], *, generation_prompt: bool, tools, kwargs) -> str:
     return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                          add_generation_prompt=generation_prompt, **kwargs)
 
 
 def assistant_spans(tokenizer: Any, messages: list[dict], *, tools: list[dict] | None = None,
-                    template_kwargs: dict | None = None) -> tuple[str, list[tuple[int, int]]]:
+                    template_kwargs: dict | None = None,
+                    train: list[int] | None = None) -> tuple[str, list[tuple[int, int]]]:
     """The conversation rendered by the tokenizer's chat template, and the character span ``[start, end)`` of
     each assistant turn in it (see the module docstring).
 
@@ -53,9 +92,10 @@ def assistant_spans(tokenizer: Any, messages: list[dict], *, tools: list[dict] |
             ``tool_calls`` when the template renders them.
         tools: tool definitions passed to the template.
         template_kwargs: extra template variables (``enable_thinking``, ...).
+        train: indices of the assistant messages to give spans (default: every assistant message).
 
     Returns:
-        ``(text, spans)``: one span per assistant message, in order.
+        ``(text, spans)``: one span per assistant message of ``train``, in order.
 
     Raises:
         ChatTemplateError: the tokenizer has no chat template, or the rendering of a conversation up to an
@@ -68,7 +108,7 @@ def assistant_spans(tokenizer: Any, messages: list[dict], *, tools: list[dict] |
     text = _render(tokenizer, messages, generation_prompt=False, tools=tools, kwargs=kw)
     spans = []
     for i, msg in enumerate(messages):
-        if msg.get("role") != "assistant":
+        if msg.get("role") != "assistant" or (train is not None and i not in train):
             continue
         before = _render(tokenizer, messages[:i], generation_prompt=True, tools=tools, kwargs=kw) if i else ""
         upto = _render(tokenizer, messages[:i + 1], generation_prompt=False, tools=tools, kwargs=kw)
@@ -84,16 +124,18 @@ def assistant_spans(tokenizer: Any, messages: list[dict], *, tools: list[dict] |
 
 
 def render_conversation(tokenizer: Any, messages: list[dict], *, tools: list[dict] | None = None,
-                        template_kwargs: dict | None = None) -> tuple[list[int], list[int]]:
+                        template_kwargs: dict | None = None,
+                        train: list[int] | None = None) -> tuple[list[int], list[int]]:
     """Token ids of a whole conversation as the verifier's chat template renders it, and its loss mask.
 
     Args:
         tokenizer: a fast Hugging Face tokenizer with a chat template.
-        messages, tools, template_kwargs: see :func:`assistant_spans`.
+        messages, tools, template_kwargs, train: see :func:`assistant_spans`; the assistant messages outside
+            ``train`` (a source's tool-call turns kept as context) are masked 0.
 
     Returns:
         ``(input_ids, loss_mask)``: two lists of int of equal length ``T``; ``loss_mask[t]`` is 1 on the tokens of
-        the assistant turns (content and the template's end-of-turn token) and 0 elsewhere.
+        the trained assistant turns (content and the template's end-of-turn token) and 0 elsewhere.
 
     Raises:
         ChatTemplateError: see :func:`assistant_spans`. ValueError: the tokenizer is not a fast tokenizer (no
@@ -103,11 +145,25 @@ def render_conversation(tokenizer: Any, messages: list[dict], *, tools: list[dic
     if "{% generation %}" in template or "{%- generation %}" in template:
         out = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
                                             return_assistant_tokens_mask=True, **dict(template_kwargs or {}))
-        return list(out["input_ids"]), [int(m) for m in out["assistant_masks"]]
+        mask = [int(m) for m in out["assistant_masks"]]
+        assistants = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+        if train is not None and set(assistants) - set(train):
+            # one {% generation %} run per assistant message, in order: zero the runs of the untrained ones
+            runs = [t for t in range(len(mask)) if mask[t] and (t == 0 or not mask[t - 1])]
+            if len(runs) != len(assistants):
+                raise ChatTemplateError(f"the chat template's {{% generation %}} blocks mark {len(runs)} runs for "
+                                        f"{len(assistants)} assistant messages: the untrained ones cannot be masked")
+            for start, i in zip(runs, assistants):
+                if i not in train:
+                    t = start
+                    while t < len(mask) and mask[t]:
+                        mask[t] = 0
+                        t += 1
+        return list(out["input_ids"]), mask
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(f"the tokenizer {getattr(tokenizer, 'name_or_path', '?')} is not a fast tokenizer: its "
                          "tokens cannot be mapped to the template's assistant spans")
-    text, spans = assistant_spans(tokenizer, messages, tools=tools, template_kwargs=template_kwargs)
+    text, spans = assistant_spans(tokenizer, messages, tools=tools, template_kwargs=template_kwargs, train=train)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     mask = []
     for start, end in enc["offset_mapping"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import Counter
 from typing import Any
 
 from draftpipe.io import sha256_text
@@ -30,6 +31,39 @@ CHAT_TEMPLATE_POLICIES = ("auto", "required")
 
 class PromptTooLongError(ValueError):
     """A prompt leaves no room for a new token and ``completions.too_long`` is ``error``; names the prompt id."""
+
+
+class TemplateDriftError(ValueError):
+    """Rows (or hidden-state shards) rendered with different chat templates would be mixed in one training set; the
+    message names the files, lines and hashes."""
+
+
+def common_template(sources: list[tuple[str, str | None]]) -> str | None:
+    """The one chat-template SHA-256 of rows or shards that are trained on together.
+
+    Regeneration and training must see the same template (SpecForge #296: a drift between them trains the draft on
+    a rendering vLLM never serves, silently).
+
+    Args:
+        sources: ``(where, chat_template_sha256)`` per row or shard (``where`` like ``file:line``); None stands for
+            plain-text rows (no template).
+
+    Returns:
+        The common hash (None when all are plain text or ``sources`` is empty).
+
+    Raises:
+        TemplateDriftError: two hashes differ; names the first place of each.
+    """
+    first: dict = {}
+    for where, sha in sources:
+        first.setdefault(sha, where)
+        if len(first) > 1:
+            (a, wa), (b, wb) = list(first.items())[:2]
+            raise TemplateDriftError(
+                f"{wb} was rendered with chat template {b or 'none (plain text)'}, but {wa} with "
+                f"{a or 'none (plain text)'}: rows of two chat templates cannot be trained on together; rerun the "
+                "completions of the stale part (snakemake plans them when the template changed)")
+    return next(iter(first), None)
 
 
 class ChatTemplateError(ValueError):
@@ -63,7 +97,8 @@ def check_chat_template(tokenizer: Any, policy: str = "auto", verifier: str | No
     return has
 
 
-def encode_prompt(tokenizer: Any, messages: list[dict], *, chat_template: str = "auto") -> list[int]:
+def encode_prompt(tokenizer: Any, messages: list[dict], *, chat_template: str = "auto", tools: list | None = None,
+                  template_kwargs: dict | None = None) -> list[int]:
     """Token ids of a chat prompt as the verifier sees it.
 
     With a chat template: ``apply_chat_template(messages, add_generation_prompt=True)``. Without one (a base
@@ -77,6 +112,8 @@ def encode_prompt(tokenizer: Any, messages: list[dict], *, chat_template: str = 
         tokenizer: the verifier's Hugging Face tokenizer.
         messages: ``[{"role", "content"}, ...]`` ending in a user turn (a prompt record's ``messages``).
         chat_template: ``"auto"`` or ``"required"``, see :func:`check_chat_template`.
+        tools, template_kwargs: the record's tool definitions and extra template variables
+            (:func:`template_kwargs`).
 
     Returns:
         list of int token ids.
@@ -86,7 +123,8 @@ def encode_prompt(tokenizer: Any, messages: list[dict], *, chat_template: str = 
         ValueError: ``messages`` has no user turn (and the tokenizer no chat template).
     """
     if check_chat_template(tokenizer, chat_template):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
+                                             **dict(template_kwargs or {}))
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return list(tokenizer(last_user_message(messages), add_special_tokens=True)["input_ids"])
 
@@ -260,11 +298,16 @@ def complete(
     max_model_len: int,
     too_long: str = "drop",
     chat_template: str = "auto",
+    chat_template_file: str | None = None,
+    turns: str = "all",
+    reasoning: str = "keep",
 ) -> tuple[list[dict], dict]:
     """Generate ``samples_per_prompt`` completions per prompt record with an engine from :func:`open_engine`.
 
     One engine serves any number of calls (a stage's shards): each prompt's samples use its own seed, so they do
-    not depend on which other prompts share the engine.
+    not depend on which other prompts share the engine. A verifier with a chat template answers whole
+    conversations (:func:`complete_conversations`: every turn with ``turns="all"``, thinking spans as
+    ``reasoning`` says); one without answers the last user message as plain text, one completion per sample.
 
     Args:
         llm: the ``vllm.LLM`` from :func:`open_engine`.
@@ -277,8 +320,12 @@ def complete(
         too_long: ``completions.too_long``: ``drop`` (default), ``truncate`` or ``error`` (see :func:`fit_prompt`).
         chat_template: ``verifier.chat_template``: ``auto`` (default) or ``required`` (see
             :func:`check_chat_template`).
+        chat_template_file: ``verifier.chat_template_file``: a template that replaces the tokenizer's
+            (:func:`draftpipe.chat.use_template`).
+        turns, reasoning: ``completions.turns`` and ``completions.reasoning`` (:func:`complete_conversations`).
 
     Returns:
+        With a chat template, the rows and stats of :func:`complete_conversations`. Without one,
         ``(rows, stats)``: one row per sample with ``id``, ``sample``, ``messages``, ``prompt_token_ids``,
         ``completion_token_ids``, ``prompt_text``, ``completion_text``, ``finish_reason``, ``sampling``,
         ``prompt_truncated``, ``vllm_version``, ``chat_template_sha256``; stats are those of
@@ -291,7 +338,20 @@ def complete(
     import vllm
     from vllm import SamplingParams
 
+    from draftpipe.chat import use_template
+
     tokenizer = llm.get_tokenizer()
+    if chat_template_file is not None:
+        # vLLM's tokenizer routes rendering to private copies (vllm/tokenizers/hf.py): give a tokenizer of our own
+        # the configured template
+        from transformers import AutoTokenizer
+
+        tokenizer = use_template(AutoTokenizer.from_pretrained(verifier), chat_template_file)
+    if check_chat_template(tokenizer, chat_template, verifier):
+        return complete_conversations(
+            llm, records, tokenizer, samples_per_prompt=samples_per_prompt, temperature=temperature, top_p=top_p,
+            max_tokens=max_tokens, seed=seed, max_model_len=max_model_len, too_long=too_long, turns=turns,
+            reasoning=reasoning)
     template_hash = chat_template_hash(tokenizer)
     kept, stats = prepare_prompts(records, tokenizer, max_model_len=max_model_len, max_tokens=max_tokens,
                                   too_long=too_long, chat_template=chat_template, verifier=verifier)
@@ -320,3 +380,244 @@ def complete(
                 "chat_template_sha256": template_hash,
             })
     return rows, {**stats, "samples": len(rows)}
+
+
+TURNS = ("all", "last")
+REASONING = ("keep", "strip", "off")
+
+
+def generation_points(messages: list[dict], turns: str = "all") -> list[int]:
+    """Where the verifier answers in a conversation: the index of each assistant message of the source it
+    regenerates, and ``len(messages)`` for the answer to the last turn.
+
+    With ``turns="all"`` every assistant message is regenerated except one that calls tools (``tool_calls``): the
+    tool results after it answer that call, so the call stays as context, never trained on. With ``"last"`` only the
+    final answer is generated and the source's assistant turns stay as context.
+
+    Raises:
+        ValueError: ``turns`` is not one of :data:`TURNS`.
+    """
+    if turns not in TURNS:
+        raise ValueError(f"completions.turns: unknown value {turns!r} (use all or last)")
+    points = []
+    if turns == "all":
+        points = [i for i, m in enumerate(messages) if m["role"] == "assistant" and not m.get("tool_calls")]
+    return [*points, len(messages)]
+
+
+def template_kwargs(reasoning: str) -> dict:
+    """Chat-template variables for ``completions.reasoning``: ``off`` passes the template's thinking switch
+    (``enable_thinking=False``, Qwen3's and the package's tiny template's name for it).
+
+    Raises:
+        ValueError: ``reasoning`` is not one of :data:`REASONING`.
+    """
+    if reasoning not in REASONING:
+        raise ValueError(f"completions.reasoning: unknown value {reasoning!r} (use keep, strip or off)")
+    return {"enable_thinking": False} if reasoning == "off" else {}
+
+
+def answer_message(text: str, prompt_text: str, reasoning: str) -> tuple[dict, dict]:
+    """The assistant message the verifier's generated ``text`` becomes in the conversation, and what it held.
+
+    The thinking span (``<think>...</think>``, :func:`draftpipe.chat.split_thinking`) goes to ``reasoning_content``
+    with ``reasoning="keep"``, which templates render back as the span; ``strip`` and ``off`` keep the answer only.
+    A generation prompt that already opens the span (``...<think>``, DeepSeek-R1's style) counts as its start.
+
+    Returns:
+        ``(message, info)``: ``info`` has ``thinking`` (the span's text or None), ``thinking_cut`` (the text ends
+        inside the span: generation stopped there).
+    """
+    from draftpipe.chat import THINK_OPEN, split_thinking
+
+    opened = prompt_text.rstrip().endswith(THINK_OPEN)
+    thinking, answer, cut = split_thinking((THINK_OPEN if opened else "") + text)
+    msg = {"role": "assistant", "content": answer}
+    if reasoning == "keep" and thinking is not None:
+        msg["reasoning_content"] = thinking
+    return msg, {"thinking": thinking, "thinking_cut": cut}
+
+
+def complete_conversations(
+    llm: Any,
+    records: list[dict],
+    tokenizer: Any,
+    *,
+    samples_per_prompt: int,
+    temperature: float,
+    top_p: float,
+    max_tokens: int,
+    seed: int,
+    max_model_len: int,
+    too_long: str = "drop",
+    turns: str = "all",
+    reasoning: str = "keep",
+) -> tuple[list[dict], dict]:
+    """Regenerate the assistant turns of chat conversations in order, each on the verifier's own earlier answers,
+    and render every conversation as one training sample (speculators' and SpecForge's multi-turn regeneration).
+
+    Round ``k`` sends, for every conversation still going, its history up to its ``k``-th generation point
+    (:func:`generation_points`) with the template's generation prompt; the answer replaces the source's assistant
+    turn there. The first round draws ``samples_per_prompt`` samples per conversation (seed :func:`request_seed`
+    of the prompt id, as for a single turn); each sample then goes on as its own conversation, one sample per
+    later turn (seed of ``id:sample:turn``). A later turn whose prompt leaves no room for a new token ends the
+    conversation there (``too_long: error`` raises instead). The first prompt follows ``too_long`` as in
+    :func:`fit_prompt`, except that ``truncate`` drops it too: a cut conversation has no turn structure left.
+
+    Args:
+        llm: the ``vllm.LLM`` of :func:`open_engine`.
+        records: prompt records (``id``, ``messages``, optional ``tools``).
+        tokenizer: the verifier's fast tokenizer with the chat template in use.
+        samples_per_prompt, temperature, top_p, max_tokens, seed, max_model_len, too_long: as in :func:`complete`.
+        turns: ``all`` or ``last`` (:func:`generation_points`).
+        reasoning: ``keep``, ``strip`` or ``off`` (:func:`answer_message`, :func:`template_kwargs`); with ``off`` a
+            row whose answers still hold a non-empty thinking span is dropped (SpecForge's rule) and counted.
+
+    Returns:
+        ``(rows, stats)``: one row per sample with ``id``, ``sample``, ``messages`` (the conversation as trained,
+        the verifier's answers in place), ``tools`` (when given), ``input_ids`` and ``loss_mask`` (the rendering of
+        :func:`draftpipe.chat.render_conversation`, 1 exactly on the verifier's answers), ``turns`` (per generated
+        answer: ``message`` index, ``prompt_token_ids``, ``completion_token_ids``, ``completion_text``,
+        ``finish_reason``, ``seed``, ``thinking_tokens``, ``thinking_cut``), ``finish_reason`` (``length`` when
+        any answer was cut by ``max_tokens``, else the last answer's), ``sampling``, ``vllm_version``,
+        ``chat_template_sha256``, ``template_kwargs``. ``stats`` counts ``prompts``, ``kept``,
+        ``dropped_too_long``, ``turns_generated``, ``conversations_cut_too_long``, ``dropped_thinking_when_off``,
+        ``samples``.
+
+    Raises:
+        PromptTooLongError: ``too_long`` is ``error`` and a prompt does not fit.
+        ChatTemplateError: the template rewrites earlier turns (see :mod:`draftpipe.chat`).
+        ValueError: unknown ``turns``, ``reasoning`` or ``too_long``.
+    """
+    import vllm
+    from vllm import SamplingParams
+
+    from draftpipe.chat import render_conversation
+
+    if too_long not in TOO_LONG_POLICIES:
+        raise ValueError(f"completions.too_long: unknown policy {too_long!r} (use drop, truncate or error)")
+    kw = template_kwargs(reasoning)
+    template_hash = chat_template_hash(tokenizer)
+    branches = [{"rec": r, "sample": None, "history": [], "pos": 0, "trained": [], "turns": [],
+                 "points": generation_points(r["messages"], turns)} for r in records]
+    stats = Counter(prompts=len(records))
+    rnd = 0
+    while branches:
+        batch = []
+        for b in branches:
+            if not b["points"]:
+                continue
+            msgs, point = b["rec"]["messages"], b["points"][0]
+            history = b["history"] + [dict(m) for m in msgs[b["pos"]:point]]
+            text = tokenizer.apply_chat_template(history, tools=b["rec"].get("tools"), add_generation_prompt=True,
+                                                 tokenize=False, **kw)
+            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            if len(ids) > max_model_len - 1:
+                if too_long == "error":
+                    raise PromptTooLongError(
+                        f"completions.too_long: prompt {b['rec']['id']} (turn {len(b['turns']) + 1}) has {len(ids)} "
+                        f"tokens, which leaves no room for a new token in verifier.max_model_len={max_model_len} "
+                        "(set completions.too_long to drop or truncate to go on)")
+                b["points"] = []
+                b["too_long"] = True
+                continue
+            b["history"], b["pos"] = history, point + 1
+            b["points"].pop(0)
+            batch.append((b, ids, text))
+        if not batch:
+            break
+        params = []
+        for b, ids, _ in batch:
+            key = b["rec"]["id"] if b["sample"] is None else f"{b['rec']['id']}:{b['sample']}:{len(b['turns'])}"
+            params.append(SamplingParams(n=samples_per_prompt if b["sample"] is None else 1, temperature=temperature,
+                                         top_p=top_p, max_tokens=min(max_tokens, max_model_len - len(ids)),
+                                         seed=request_seed(seed, key)))
+        outputs = llm.generate([{"prompt_token_ids": ids} for _, ids, _ in batch], sampling_params=params,
+                               use_tqdm=False)
+        grown = []
+        for (b, ids, text), sp, out in zip(batch, params, outputs):
+            for j, comp in enumerate(out.outputs):
+                nb = b if b["sample"] is not None else {**b, "sample": j, "history": list(b["history"]),
+                                                          "trained": list(b["trained"]), "turns": list(b["turns"]),
+                                                          "points": list(b["points"])}
+                msg, info = answer_message(comp.text, text, reasoning)
+                nb["trained"].append(len(nb["history"]))
+                nb["history"].append(msg)
+                thinking = info["thinking"]
+                nb["turns"].append({
+                    "message": len(nb["history"]) - 1, "prompt_token_ids": list(ids),
+                    "completion_token_ids": list(comp.token_ids), "completion_text": comp.text,
+                    "finish_reason": comp.finish_reason, "seed": sp.seed,
+                    "thinking_tokens": len(tokenizer(thinking, add_special_tokens=False)["input_ids"]) if thinking else 0,
+                    "thinking_cut": info["thinking_cut"],
+                })
+                stats["turns_generated"] += 1
+                grown.append(nb)
+        if rnd == 0:  # the first round forks every conversation into its samples; the rest were not sent
+            sent = {id(b) for b, _, _ in batch}
+            stats["dropped_too_long"] += sum(1 for b in branches if id(b) not in sent)
+            branches = grown
+        rnd += 1
+    rows = []
+    for b in branches:
+        rec = b["rec"]
+        stats["conversations_cut_too_long"] += bool(b.get("too_long"))
+        if reasoning == "off" and any(t["thinking_tokens"] for t in b["turns"]):
+            stats["dropped_thinking_when_off"] += 1
+            continue
+        ids, mask = render_conversation(tokenizer, b["history"], tools=rec.get("tools"), template_kwargs=kw,
+                                        train=b["trained"])
+        last = b["turns"][-1]
+        rows.append({
+            "id": rec["id"], "sample": b["sample"], "messages": b["history"],
+            **({"tools": rec["tools"]} if rec.get("tools") else {}),
+            "input_ids": ids, "loss_mask": mask, "turns": b["turns"],
+            "finish_reason": "length" if any(t["finish_reason"] == "length" for t in b["turns"])
+            else last["finish_reason"],
+            "sampling": {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
+                         "n": samples_per_prompt, "base_seed": seed, "turns": turns, "reasoning": reasoning},
+            "vllm_version": vllm.__version__, "chat_template_sha256": template_hash, "template_kwargs": kw,
+        })
+    rows.sort(key=lambda r: (r["id"], r["sample"]))
+    stats["kept"] = len({r["id"] for r in rows})
+    stats["samples"] = len(rows)
+    return rows, dict(stats)
+
+
+def completion_stats(shards: dict[str, list[dict]]) -> dict:
+    """Counts of the completions stage, from its rows (``results/completions/stats.json``).
+
+    Args:
+        shards: ``{shard path: rows}``.
+
+    Returns:
+        ``{"rows", "prompts", "turns", "truncated" (rows with an answer cut by max_tokens), "rows_with_thinking"
+        (rows with a thinking span in an answer), "thinking_tokens" (tokens of the thinking spans' text, by the
+        verifier's tokenizer, summed over answers), "truncated_in_thinking" (rows with an answer cut inside its
+        thinking span), "empty_loss_mask" (rows with no token to train on), "chat_template_sha256", "per_shard"}``.
+        Plain-text rows (no chat template) count as one answer each, without thinking.
+
+    Raises:
+        TemplateDriftError: rows of two chat templates (:func:`common_template`).
+    """
+    def count(rows):
+        c = Counter(rows=len(rows), prompts=len({r["id"] for r in rows}))
+        for r in rows:
+            turns = r.get("turns") or [{}]
+            c["turns"] += len(turns)
+            c["truncated"] += r.get("finish_reason") == "length"
+            c["rows_with_thinking"] += any(t.get("thinking_tokens") or t.get("thinking_cut") for t in turns)
+            c["thinking_tokens"] += sum(t.get("thinking_tokens", 0) for t in turns)
+            c["truncated_in_thinking"] += any(t.get("thinking_cut") for t in turns)
+            mask = r["loss_mask"] if "loss_mask" in r else r.get("completion_token_ids")
+            c["empty_loss_mask"] += not any(mask)
+        return c
+
+    keys = ("rows", "prompts", "turns", "truncated", "rows_with_thinking", "thinking_tokens", "truncated_in_thinking",
+            "empty_loss_mask")
+    per = {path: count(rows) for path, rows in shards.items()}
+    total = sum(per.values(), Counter())
+    template = common_template([(f"{path}:{i}", r.get("chat_template_sha256"))
+                                for path, rows in shards.items() for i, r in enumerate(rows, start=1)])
+    return {**{k: int(total[k]) for k in keys}, "chat_template_sha256": template,
+            "per_shard": {path: {k: int(c[k]) for k in keys} for path, c in per.items()}}

@@ -663,6 +663,7 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
     from speculators.train.trainer import TrainerConfig
     from torch.utils.data import DataLoader
 
+    from draftpipe.completions import common_template
     from draftpipe.ranks import StepBatchSampler
     from draftpipe.vocab import read_maps
 
@@ -671,6 +672,7 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
     for p, m in zip(shards, metas):
         if m["aux_layer_ids"] != aux_ids:
             raise ValueError(f"{p}: aux layer ids {m['aux_layer_ids']} differ from {shards[0]}'s {aux_ids}")
+    common_template([(p, m.get("chat_template_sha256")) for p, m in zip(shards, metas)])
     d2t, t2d, vd = read_maps(vocab_maps)
     on_gpu = torch.accelerator.current_accelerator() is not None
     attn = "simple_flex_attention" if on_gpu else "sdpa"

@@ -34,20 +34,23 @@ def records_digest(records: Iterable[dict]) -> str:
     return h.hexdigest()
 
 
-def _parts(sources: list[dict], eval_fraction: float, num_shards: int, split_seed: int):
+def _parts(sources: list[dict], eval_fraction: float, num_shards: int, split_seed: int,
+           system_prompt: str | None = None):
     """``(training shards, eval records)``: what the `prompt_shard` jobs write (read, normalise, split)."""
     from draftpipe.prompts import load_prompts, split_and_shard
 
-    records, _ = load_prompts(sources)
+    records, _ = load_prompts(sources, system_prompt)
     return split_and_shard(records, eval_fraction, num_shards, split_seed)
 
 
-def prompt_fingerprints(sources: list[dict], eval_fraction: float, num_shards: int, split_seed: int) -> dict:
+def prompt_fingerprints(sources: list[dict], eval_fraction: float, num_shards: int, split_seed: int,
+                        system_prompt: str | None = None) -> dict:
     """Fingerprints of every training shard and of the eval split that `prompt_set` will write.
 
     Args:
         sources: ``prompts.sources`` of the config (``path``, optional ``field``).
         eval_fraction, num_shards, split_seed: the split settings of ``prompts:``.
+        system_prompt: ``prompts.system_prompt`` (part of every record without a system turn, so of the digests).
 
     Returns:
         ``{"train": [digest per shard], "eval": digest, "prompts": number of records kept}``.
@@ -56,7 +59,7 @@ def prompt_fingerprints(sources: list[dict], eval_fraction: float, num_shards: i
         FileNotFoundError, draftpipe.prompts.PromptFormatError: a source is missing or malformed (the message names
             the file and line), exactly as the `prompt_set` job would fail.
     """
-    shards, evals = _parts(sources, eval_fraction, num_shards, split_seed)
+    shards, evals = _parts(sources, eval_fraction, num_shards, split_seed, system_prompt)
     return {"train": [records_digest(s) for s in shards], "eval": records_digest(evals),
             "prompts": sum(map(len, shards)) + len(evals)}
 
@@ -66,23 +69,23 @@ class StaleFingerprintError(RuntimeError):
 
 
 def prompt_part(sources: list[dict], eval_fraction: float, num_shards: int, split_seed: int, part: str,
-                fingerprint: str) -> list[dict]:
+                fingerprint: str, system_prompt: str | None = None) -> list[dict]:
     """The records of one part of the prompt set, checked against the fingerprint the job was planned with.
 
     Args:
-        sources, eval_fraction, num_shards, split_seed: as in :func:`prompt_fingerprints`.
+        sources, eval_fraction, num_shards, split_seed, system_prompt: as in :func:`prompt_fingerprints`.
         part: ``"train_00003"`` (training shard 3) or ``"eval"``.
         fingerprint: the part's :func:`records_digest` at parse time.
 
     Returns:
-        the part's records (``id``, ``messages``, ``source``, ``line``), sorted by id.
+        the part's records (``id``, ``messages``, ``tools`` when given, ``source``, ``line``), sorted by id.
 
     Raises:
         ValueError: an unknown part name.
         StaleFingerprintError: the records no longer match ``fingerprint`` (a source changed after the workflow
             was parsed); rerun Snakemake.
     """
-    shards, evals = _parts(sources, eval_fraction, num_shards, split_seed)
+    shards, evals = _parts(sources, eval_fraction, num_shards, split_seed, system_prompt)
     if part == "eval":
         out = evals
     elif part.startswith("train_") and part[6:].isdigit() and int(part[6:]) < num_shards:

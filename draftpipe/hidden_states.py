@@ -12,7 +12,7 @@ Shard format (one safetensors file per shard, one group of tensors per training 
 key                                    dtype        shape
 =====================================  ===========  ==========================================================
 ``{i:06d}.input_ids``                  int64        ``[T]`` prompt + completion token ids
-``{i:06d}.loss_mask``                  uint8        ``[T]`` 1 on completion tokens, 0 on prompt tokens
+``{i:06d}.loss_mask``                  uint8        ``[T]`` 1 on the verifier's answers, 0 on the rest
 ``{i:06d}.hidden_states``              ``dtype``    ``[T, A*H]`` aux states, ascending layer id, concatenated
 ``{i:06d}.verifier_last_hidden_states`` ``dtype``   ``[T, H]`` final pre-norm state (layer id ``N``)
 =====================================  ===========  ==========================================================
@@ -129,8 +129,20 @@ def capture_layers(model: Any, input_ids: "torch.Tensor", layer_ids: list[int]) 
 
 
 def sequence_and_mask(row: dict, max_len: int) -> tuple[list[int], list[int]]:
-    """Training sequence of a completion row: ``prompt_token_ids + completion_token_ids`` and its loss mask (1 on
-    completion tokens), both truncated to ``max_len`` tokens."""
+    """Training sequence of a completion row and its loss mask, both truncated to ``max_len`` tokens.
+
+    A conversation row (a verifier with a chat template, :func:`draftpipe.completions.complete_conversations`)
+    carries both, ``input_ids`` and ``loss_mask`` (1 on the verifier's answers, from the template's rendering); a
+    plain-text row is ``prompt_token_ids + completion_token_ids`` with the mask 1 on the completion tokens.
+
+    Raises:
+        ValueError: a conversation row whose ``input_ids`` and ``loss_mask`` differ in length.
+    """
+    if "input_ids" in row:
+        ids, mask = list(row["input_ids"]), [int(m) for m in row["loss_mask"]]
+        if len(ids) != len(mask):
+            raise ValueError(f"row {row.get('id')}: input_ids has {len(ids)} tokens but loss_mask {len(mask)}")
+        return ids[:max_len], mask[:max_len]
     ids = list(row["prompt_token_ids"]) + list(row["completion_token_ids"])
     mask = [0] * len(row["prompt_token_ids"]) + [1] * len(row["completion_token_ids"])
     return ids[:max_len], mask[:max_len]

@@ -14,14 +14,22 @@ Accepted source formats (chosen by file suffix; ``.gz`` is decompressed):
 
 Accepted record shapes (the first key found wins, unless the source names ``field``):
 
-- ``messages``: OpenAI chat, ``[{"role": "user"|"assistant"|"system", "content": str}, ...]``; ``content`` may
-  also be a list of text parts ``[{"type": "text", "text": str}, ...]``, which are joined;
-- ``conversations``: ShareGPT, ``[{"from": "human"|"gpt"|"system", "value": str}, ...]``;
+- ``messages``: OpenAI chat, ``[{"role": "user"|"assistant"|"system"|"tool", "content": str}, ...]``; ``content``
+  may also be a list of text parts ``[{"type": "text", "text": str}, ...]``, which are joined; an assistant turn's
+  ``tool_calls`` (``[{"type": "function", "function": {"name", "arguments"}}]``, its ``content`` may then be null)
+  and a tool turn's ``tool_call_id`` and ``name`` are kept; the record's ``tools`` (tool definitions) are kept as
+  the record's ``tools``;
+- ``conversations``: ShareGPT, ``[{"from": "human"|"gpt"|"system"|"observation"|"function_call", "value": str},
+  ...]``; ``function_call`` (a JSON ``{"name", "arguments"}``) becomes an assistant turn with that tool call,
+  ``observation`` a tool turn; a ``tools`` key (a list, or its JSON text) becomes the record's ``tools``;
 - ``turns``: MT-bench, a list of user turns; only the first turn is kept (later turns need the verifier's
   answers to the earlier ones);
 - ``prompt`` (or ``field``): plain text, taken as one user turn.
 
-Trailing assistant turns are removed: the verifier regenerates the answer (EAGLE-3 data regeneration).
+Trailing assistant turns are removed: the verifier regenerates the answer (EAGLE-3 data regeneration). Earlier
+turns are kept whole: the completions stage regenerates every assistant turn on the verifier's own history
+(``completions.turns: all``) and keeps the source's tool-call turns and tool results as context. A conversation
+may end in a user or a tool turn. ``prompts.system_prompt`` is put first in every record without a system turn.
 
 What is an error and what is dropped. The loader is lenient on data and strict on structure:
 
@@ -59,6 +67,8 @@ ROLE_ALIASES = {
     "user": "user", "human": "user", "prompter": "user",
     "assistant": "assistant", "gpt": "assistant", "bot": "assistant", "model": "assistant",
     "system": "system",
+    "tool": "tool", "observation": "tool", "function": "tool", "ipython": "tool",
+    "function_call": "assistant",
 }
 SHAPE_KEYS = ("messages", "conversations", "turns", "prompt")
 SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -90,9 +100,11 @@ class PromptStats:
     per_source: dict = field(default_factory=dict)
 
 
-def prompt_id(messages: list[dict]) -> str:
-    """Stable content id of a chat prompt: sha256 of its canonical JSON, first 16 hex digits."""
-    canon = json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+def prompt_id(messages: list[dict], tools: list | None = None) -> str:
+    """Stable content id of a chat prompt: sha256 of the canonical JSON of its messages (and of its tool
+    definitions when it has any), first 16 hex digits."""
+    doc = {"messages": messages, "tools": tools} if tools else messages
+    canon = json.dumps(doc, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
 
 
@@ -308,6 +320,73 @@ def _content_text(content: Any, where: str, at: str) -> str:
     raise PromptFormatError(f"{where}: {at} content must be a string or a list of text parts, got {json_type(content)}")
 
 
+def _tool_call(call: Any, where: str, at: str) -> dict:
+    """One OpenAI tool call ``{"type": "function", "function": {"name", "arguments"}}`` (``id`` kept when given)."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise PromptFormatError(f"{where}: {at} must be {{'type': 'function', 'function': {{'name': str, "
+                                "'arguments': ...}}")
+    out = {"type": "function", "function": {"name": fn["name"], "arguments": fn.get("arguments", {})}}
+    if isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out
+
+
+def _message(msg: dict, role: str, where: str, at: str) -> dict:
+    """One normalised message: ``role``, ``content`` (text) and, where given, ``tool_calls``, ``tool_call_id``,
+    ``name``."""
+    content = msg.get("content", msg.get("value"))
+    if role == "function_call":  # ShareGPT tool format: the value is the call as JSON
+        try:
+            call = json.loads(content) if isinstance(content, str) else content
+        except json.JSONDecodeError as exc:
+            raise PromptFormatError(f"{where}: {at} (function_call) is not JSON ({exc.msg})") from exc
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            raise PromptFormatError(f"{where}: {at} (function_call) must be a JSON object with a 'name'")
+        return {"role": "assistant", "content": "",
+                "tool_calls": [_tool_call({"function": call}, where, at)]}
+    role = ROLE_ALIASES[role]
+    out = {"role": role}
+    calls = msg.get("tool_calls") if role == "assistant" else None
+    if calls is not None and not isinstance(calls, list):
+        raise PromptFormatError(f"{where}: {at}.tool_calls must be a list, got {json_type(calls)}")
+    out["content"] = "" if content is None and calls else _content_text(content, where, at)
+    if calls:
+        out["tool_calls"] = [_tool_call(c, where, f"{at}.tool_calls[{k}]") for k, c in enumerate(calls)]
+    if role == "tool":
+        for k in ("tool_call_id", "name"):
+            if isinstance(msg.get(k), str):
+                out[k] = msg[k]
+    return out
+
+
+def record_tools(obj: dict, where: str) -> list | None:
+    """The tool definitions of a record (its ``tools``: a list, or a JSON text of one, as ShareGPT tool datasets
+    store it), or None when it has none.
+
+    Raises:
+        PromptFormatError: ``tools`` is neither a list nor the JSON text of one.
+    """
+    tools = obj.get("tools")
+    if tools in (None, "", []):
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as exc:
+            raise PromptFormatError(f"{where}: 'tools' is a string but not JSON ({exc.msg})") from exc
+    if not isinstance(tools, list):
+        raise PromptFormatError(f"{where}: 'tools' must be a list of tool definitions, got {json_type(tools)}")
+    return tools or None
+
+
+def with_system_prompt(messages: list[dict], system_prompt: str | None) -> list[dict]:
+    """``messages`` with ``system_prompt`` as a first system turn, unless it is None or the record has its own."""
+    if not system_prompt or any(m["role"] == "system" for m in messages):
+        return messages
+    return [{"role": "system", "content": system_prompt}, *messages]
+
+
 def normalise_record(obj: Any, where: str, text_field: str | None = None) -> list[dict]:
     """Turn one source record into a chat prompt ``[{"role", "content"}, ...]`` ending in a user turn.
 
@@ -317,8 +396,9 @@ def normalise_record(obj: Any, where: str, text_field: str | None = None) -> lis
         text_field: if given, the key holding plain prompt text (overrides shape detection).
 
     Returns:
-        The messages; an empty list when the record holds no prompt to answer (an empty or whitespace-only
-        prompt, an empty message list, no user turn after the trailing assistant turns): the caller drops it.
+        The messages, ending in a user or tool turn; an empty list when the record holds no prompt to answer (an
+        empty or whitespace-only prompt, an empty message list, no user or tool turn after the trailing assistant
+        turns): the caller drops it.
 
     Raises:
         PromptFormatError: naming ``where`` when the record is not an object, has none of the accepted keys,
@@ -357,23 +437,25 @@ def normalise_record(obj: Any, where: str, text_field: str | None = None) -> lis
             if not isinstance(role, str) or role.lower() not in ROLE_ALIASES:
                 accepted = ", ".join(sorted(ROLE_ALIASES))
                 raise PromptFormatError(f"{where}: {at} has unknown role {role!r} (accepted: {accepted})")
-            content = msg.get("content", msg.get("value"))
-            messages.append({"role": ROLE_ALIASES[role.lower()], "content": _content_text(content, where, at)})
+            messages.append(_message(msg, role.lower(), where, at))
     while messages and messages[-1]["role"] == "assistant":
         messages.pop()
-    if not messages or messages[-1]["role"] != "user" or not messages[-1]["content"].strip():
+    if not messages or messages[-1]["role"] not in ("user", "tool") or not messages[-1]["content"].strip():
         return []
     return messages
 
 
-def load_prompts(sources: Iterable[dict]) -> tuple[list[dict], PromptStats]:
+def load_prompts(sources: Iterable[dict], system_prompt: str | None = None) -> tuple[list[dict], PromptStats]:
     """Read every source, normalise, and drop empty prompts and duplicates (first occurrence wins).
 
     Args:
         sources: dicts with ``path`` and optional ``field`` (plain-text key).
+        system_prompt: ``prompts.system_prompt``: the first turn of every record without a system turn (part of
+            the record, so of its id and of the prompt set's fingerprint).
 
     Returns:
-        ``(records, stats)``; records are sorted by id.
+        ``(records, stats)``; records (``id``, ``messages``, ``tools`` when the source gives tool definitions,
+        ``source``, ``line``) are sorted by id.
 
     Raises:
         FileNotFoundError: a source does not exist.
@@ -396,7 +478,9 @@ def load_prompts(sources: Iterable[dict]) -> tuple[list[dict], PromptStats]:
                 if len(stats.empty_at) < MAX_EMPTY_AT:
                     stats.empty_at.append(where)
                 continue
-            pid = prompt_id(messages)
+            messages = with_system_prompt(messages, system_prompt)
+            tools = record_tools(obj, where)
+            pid = prompt_id(messages, tools)
             if obj.get("id") is not None:
                 key = json.dumps(obj["id"], sort_keys=True)
                 first = explicit_ids.setdefault(key, (where, pid))
@@ -407,7 +491,8 @@ def load_prompts(sources: Iterable[dict]) -> tuple[list[dict], PromptStats]:
             if pid in seen:
                 counts["duplicates"] += 1
                 continue
-            seen[pid] = {"id": pid, "messages": messages, "source": str(path), "line": number}
+            seen[pid] = {"id": pid, "messages": messages, **({"tools": tools} if tools else {}),
+                         "source": str(path), "line": number}
             counts["kept"] += 1
         if not counts["read"]:
             raise PromptFormatError(f"{path}: the prompt source has no records")

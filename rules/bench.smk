@@ -31,6 +31,7 @@ rule bench_run:
         ),
         max_model_len=config["verifier"]["max_model_len"],
         dtype=config["verifier"]["dtype"],
+        rendering=RENDERING,
     log:
         "results/logs/bench_run.log",
     benchmark:

@@ -5,6 +5,8 @@ import sys
 
 from draftpipe.plan import DiskSpaceError, check_disk, format_plan, plan
 
+from draftpipe.chat import template_sha256
+from draftpipe.completions import template_kwargs
 from draftpipe.fingerprint import prompt_fingerprints
 from draftpipe.hidden_states import check_shards_cached
 from draftpipe.provenance import quarantine
@@ -22,6 +24,11 @@ try:
     else:
         VERIFIER = resolve_verifier(config["verifier"]["path"], field="verifier.path")
     DERIVED = check_config(config, VERIFIER)
+    try:
+        # verifier.chat_template_file: its content is a param of the stages that render conversations
+        CHAT_TEMPLATE_SHA = template_sha256(config["verifier"]["chat_template_file"])
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc))
 except (ConfigError, VerifierNotFoundError) as exc:
     raise WorkflowError(f"config error: {exc}")
 
@@ -42,6 +49,10 @@ def canon(obj):
 
 VERIFIER_ID = canon(verifier_identity(VERIFIER, config))
 
+# How the stages that prompt the verifier with eval or benchmark prompts render them (a param of those rules).
+RENDERING = canon({"chat_template_sha256": CHAT_TEMPLATE_SHA, "system_prompt": config["prompts"]["system_prompt"],
+                   "template_kwargs": template_kwargs(config["completions"]["reasoning"])})
+
 # The live vLLM check of the compatibility report: on by default where vLLM is installed.
 _live = config["report"]["live_check"]
 if _live == "auto":
@@ -60,6 +71,7 @@ try:
         config["prompts"]["eval_fraction"],
         config["prompts"]["num_shards"],
         config["prompts"]["split_seed"],
+        config["prompts"]["system_prompt"],
     )
 except (OSError, ValueError) as exc:
     raise WorkflowError(f"prompt source error: {exc}")

@@ -9,9 +9,12 @@ rule completions:
         shards=SHARDS,  # the stage's shards: the first job fills every stale one (draftpipe/stage.py)
         verifier=VERIFIER_DIR,
         verifier_id=VERIFIER_ID,
-        sampling=canon(config["completions"]),
+        # the quality gate max_truncated_fraction is read from the config: it never changes the artifact
+        sampling=canon({k: v for k, v in config["completions"].items() if k != "max_truncated_fraction"}),
         max_model_len=config["verifier"]["max_model_len"],
         chat_template=config["verifier"]["chat_template"],
+        chat_template_sha256=CHAT_TEMPLATE_SHA,  # of verifier.chat_template_file (a verifier directory's own
+        # template is part of verifier_id)
         dtype=config["verifier"]["dtype"],
     log:
         "results/logs/completions/train_{shard}.log",
@@ -23,3 +26,19 @@ rule completions:
         **stage_resources("completions"),
     script:
         "../scripts/completions.py"
+
+
+# Counts of the completions (rows, turns, truncated, thinking); refuses rows of two chat templates.
+rule completion_stats:
+    input:
+        completions=completion_shards,
+    output:
+        stats="results/completions/stats.json",
+    log:
+        "results/logs/completion_stats.log",
+    benchmark:
+        "results/benchmarks/completion_stats.tsv"
+    threads: 1
+    localrule: True
+    script:
+        "../scripts/completion_stats.py"

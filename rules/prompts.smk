@@ -28,6 +28,7 @@ rule prompt_set:
         stats="results/prompts/stats.json",
     params:
         sources=canon(config["prompts"]["sources"]),
+        system_prompt=config["prompts"]["system_prompt"],
     log:
         "results/logs/prompt_set.log",
     benchmark:

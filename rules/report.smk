@@ -19,6 +19,7 @@ rule compat_report:
             }
         ),
         live=LIVE_CHECK,
+        rendering=RENDERING,
         live_prompts=config["report"]["live_prompts"],
         live_max_tokens=config["report"]["live_max_tokens"],
         max_model_len=config["verifier"]["max_model_len"],

@@ -14,26 +14,31 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
     from transformers import AutoTokenizer
 
     from draftpipe.bench import benchmark
+    from draftpipe.chat import template_sha256, use_template
     from draftpipe.completions import encode_prompt
     from draftpipe.io import atomic_path, read_jsonl, write_json
     from draftpipe.prompts import load_prompts
 
     p = snakemake.params
     s = p.settings
-    tok = AutoTokenizer.from_pretrained(p.verifier)
+    template = snakemake.config["verifier"]["chat_template_file"]
+    if template_sha256(template) != p.rendering["chat_template_sha256"]:
+        raise RuntimeError(f"verifier.chat_template_file: {template} changed after the workflow was planned")
+    tok = use_template(AutoTokenizer.from_pretrained(p.verifier), template)
     limit = p.max_model_len - s["max_tokens"]
 
     def encode(records):
         out = []
         for r in records:
-            ids = encode_prompt(tok, r["messages"])
+            ids = encode_prompt(tok, r["messages"], tools=r.get("tools"),
+                                template_kwargs=p.rendering["template_kwargs"])
             if len(ids) <= limit:
                 out.append({"id": r["id"], "prompt_token_ids": ids})
         return out[: s["max_prompts"]]
 
     prompt_sets = {"eval": encode(read_jsonl(snakemake.input.eval))}
     for src in s["prompt_sets"]:
-        records, _ = load_prompts([src])
+        records, _ = load_prompts([src], p.rendering["system_prompt"])
         prompt_sets[src["name"]] = encode(records)
     for name, prompts in prompt_sets.items():
         print(f"prompt set {name}: {len(prompts)} prompts")

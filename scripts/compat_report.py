@@ -27,9 +27,12 @@ if __name__ == "__main__":
 
         from draftpipe.completions import encode_prompt
 
-        tok = AutoTokenizer.from_pretrained(p.verifier)
+        from draftpipe.chat import use_template
+
+        tok = use_template(AutoTokenizer.from_pretrained(p.verifier), snakemake.config["verifier"]["chat_template_file"])
         records = read_jsonl(snakemake.input.prompts)[: p.live_prompts]
-        ids = [encode_prompt(tok, r["messages"]) for r in records]
+        ids = [encode_prompt(tok, r["messages"], tools=r.get("tools"), template_kwargs=p.rendering["template_kwargs"])
+               for r in records]
         add_live_findings(rep, live_check(draft_dir, p.verifier, ids, max_tokens=p.live_max_tokens,
                                           max_model_len=p.max_model_len,
                                           dtype="float32" if p.dtype == "auto" else p.dtype))

@@ -21,6 +21,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     import draftpipe.extract as ex
     import draftpipe.hidden_states as hs
+    from draftpipe.completions import common_template
     from draftpipe.io import read_jsonl
     from draftpipe.stage import STORE, code_digest, run_stage, stage_settings, stage_tasks
 
@@ -33,13 +34,16 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
                                 dtype=p.model_dtype, max_len=p.max_len, seed=0, request_dir=requests,
                                 engine=engine_parallelism(snakemake.resources.gpu))
         dtype = getattr(torch, p.dtype)
+        rows = {task.shard: read_jsonl(task.inputs[0]) for task in tasks}
+        template = common_template([(f"{task.inputs[0]}:{i}", r.get("chat_template_sha256"))
+                                    for task in tasks for i, r in enumerate(rows[task.shard], start=1)])
         for task in tasks:
-            samples = ex.build_samples(llm, read_jsonl(task.inputs[0]), aux_ids=p.aux_layer_ids,
+            samples = ex.build_samples(llm, rows[task.shard], aux_ids=p.aux_layer_ids,
                                        num_layers=p.num_layers, max_len=p.max_len, dtype=dtype, request_dir=requests,
                                        batch_tokens=snakemake.config["resources"]["hidden_states"]["batch_tokens"])
             hs.write_shard(str(task.entry), samples, {
                 "aux_layer_ids": list(p.aux_layer_ids), "num_layers": p.num_layers, "hidden_size": p.hidden_size,
-                "dtype": p.dtype, "verifier": p.verifier_id,
+                "dtype": p.dtype, "verifier": p.verifier_id, "chat_template_sha256": template,
             })
             print(f"shard {task.shard}: {len(samples)} samples, "
                   f"{sum(int(s['input_ids'].numel()) for s in samples)} tokens", flush=True)

@@ -12,7 +12,7 @@ start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 from draftpipe.io import read_jsonl, write_json
 from draftpipe.prompts import load_prompts
 
-records, stats = load_prompts(snakemake.params.sources)
+records, stats = load_prompts(snakemake.params.sources, snakemake.params.system_prompt)
 parts = {Path(path).stem: len(read_jsonl(path)) for path in snakemake.input.parts}
 train = {k: v for k, v in parts.items() if k.startswith("train_")}
 summary = {**asdict(stats), "train": sum(train.values()), "eval": parts["eval"],

@@ -15,6 +15,6 @@ p = snakemake.params
 # The source paths are not params: what the part holds is tracked by its fingerprint, so moving or touching a
 # source reruns nothing. prompt_part checks that the records still match the fingerprint the job was planned with.
 records = prompt_part(snakemake.config["prompts"]["sources"], p.eval_fraction, p.num_shards, p.split_seed,
-                      snakemake.wildcards.part, p.fingerprint)
+                      snakemake.wildcards.part, p.fingerprint, snakemake.config["prompts"]["system_prompt"])
 write_jsonl(snakemake.output[0], records)
 print(f"{snakemake.wildcards.part}: {len(records)} prompts, fingerprint {p.fingerprint[:16]}")

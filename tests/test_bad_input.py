@@ -33,7 +33,7 @@ from draftpipe.verifier import VerifierNotFoundError, resolve_verifier
 
 from conftest import REPO, TINYSTORIES
 
-ROLES = "assistant, bot, gpt, human, model, prompter, system, user"
+ROLES = "assistant, bot, function, function_call, gpt, human, ipython, model, observation, prompter, system, tool, user"
 SHAPES = "'messages', 'conversations', 'turns', 'prompt'"
 TRUNCATED_GZIP = "Compressed file ended before the end-of-stream marker was reached"
 
@@ -103,10 +103,22 @@ SOURCE_ERRORS = [
                  id="explicit-id-twice"),
     pytest.param("p.jsonl", jsonl({"messages": [{"role": "narrator", "content": "a"}]}), None,
                  lambda p: f"{p}:1: messages[0] has unknown role 'narrator' (accepted: {ROLES})", id="unknown-role"),
-    pytest.param("p.jsonl", jsonl({"conversations": [{"from": "human", "value": "a"}, {"from": "tool", "value": "b"},
+    pytest.param("p.jsonl", jsonl({"conversations": [{"from": "human", "value": "a"}, {"from": "critic", "value": "b"},
                                                      {"from": "human", "value": "c"}]}), None,
-                 lambda p: f"{p}:1: conversations[1] has unknown role 'tool' (accepted: {ROLES})",
+                 lambda p: f"{p}:1: conversations[1] has unknown role 'critic' (accepted: {ROLES})",
                  id="unknown-sharegpt-from"),
+    pytest.param("p.jsonl", jsonl({"conversations": [{"from": "human", "value": "a"},
+                                                     {"from": "function_call", "value": "get(x)"},
+                                                     {"from": "observation", "value": "1"}]}), None,
+                 lambda p: f"{p}:1: conversations[1] (function_call) is not JSON (Expecting value)",
+                 id="sharegpt-function-call-not-json"),
+    pytest.param("p.jsonl", jsonl({"messages": [{"role": "user", "content": "a"},
+                                                {"role": "assistant", "content": None, "tool_calls": {"name": "x"}},
+                                                {"role": "tool", "content": "1"}]}), None,
+                 lambda p: f"{p}:1: messages[1].tool_calls must be a list, got object", id="tool-calls-not-a-list"),
+    pytest.param("p.jsonl", jsonl({"tools": "[{", "messages": [{"role": "user", "content": "a"}]}), None,
+                 lambda p: f"{p}:1: 'tools' is a string but not JSON (Expecting property name enclosed in double "
+                           "quotes)", id="tools-not-json"),
     pytest.param("p.jsonl", jsonl({"messages": [{"content": "a"}]}), None,
                  lambda p: f"{p}:1: messages[0] has no 'role' (or 'from')", id="missing-role"),
     pytest.param("p.jsonl", jsonl({"messages": [{"role": 1, "content": "a"}]}), None,
@@ -409,8 +421,12 @@ SCHEMA_ERRORS = [
     pytest.param("verifier.chat_template", "yes",
                  "verifier.chat_template: 'yes' is not one of ['auto', 'required']", id="chat-template-enum"),
     pytest.param("completions.temprature", 0.5,
-                 "completions.temprature: unknown key (known keys: max_tokens, samples_per_prompt, seed, temperature, "
-                 "too_long, top_p)", id="misspelt-key"),
+                 "completions.temprature: unknown key (known keys: max_tokens, max_truncated_fraction, reasoning, "
+                 "samples_per_prompt, seed, temperature, too_long, top_p, turns)", id="misspelt-key"),
+    pytest.param("completions.reasoning", "think", "completions.reasoning: 'think' is not one of ['keep', 'strip', "
+                 "'off']", id="reasoning-enum"),
+    pytest.param("completions.turns", "first", "completions.turns: 'first' is not one of ['all', 'last']",
+                 id="turns-enum"),
     pytest.param("draft.epochs", "three", "draft.epochs: 'three' is not of type 'integer'", id="wrong-type"),
     pytest.param("completions.top_p", 1.5, "completions.top_p: 1.5 is greater than the maximum of 1",
                  id="above-maximum"),

@@ -66,7 +66,7 @@ def test_loss_mask_equals_the_hand_built_mask(tokenizer):
 def test_generation_blocks_give_the_same_mask(tokenizer):
     # the same template with {% generation %} blocks: Hugging Face's assistant mask, an independent computation
     tagged = tiny_chat_template().replace(
-        "Assistant: {% if m.reasoning_content", "Assistant: {% generation %}{% if m.reasoning_content").replace(
+        "Assistant: {% if enable_thinking", "Assistant: {% generation %}{% if enable_thinking", 1).replace(
         "{{ eos_token }}\n{% elif", "{{ eos_token }}{% endgeneration %}{{ '\\n' }}{% elif")
     assert tagged.count("generation %}") == 2
     plain = render_conversation(tokenizer, CONVERSATION)
@@ -89,8 +89,8 @@ def test_spans_and_the_thinking_switch(tokenizer):
 
 def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer):
     # drops the thinking of every assistant turn but the last, as some reasoning models' templates do
-    rewriting = tiny_chat_template().replace("{% if m.reasoning_content is defined and m.reasoning_content %}",
-                                             "{% if m.reasoning_content is defined and m.reasoning_content and loop.last %}")
+    rewriting = tiny_chat_template().replace("{% elif m.reasoning_content is defined and m.reasoning_content %}",
+                                             "{% elif m.reasoning_content is defined and m.reasoning_content and loop.last %}")
     tokenizer.chat_template = rewriting
     try:
         with pytest.raises(ChatTemplateError, match=r"^message 2 \(assistant\): .* not a prefix of the whole conversation"):
@@ -115,3 +115,115 @@ def test_no_chat_template_is_an_error(verifier_dir):
 ])
 def test_split_thinking(text, expected):
     assert split_thinking(text) == expected
+
+
+def test_untrained_assistant_turns_are_masked_zero(tokenizer):
+    # the source's tool-call turn (message 4) is context: its tokens are 0 in both ways of finding spans
+    trained = [2, 6]
+    expected = [(t, 0 if t.startswith("<tool>") else m) for t, m in EXPECTED_RUNS]
+    merged = []
+    for t, m in expected:
+        merged = merged[:-1] + [(merged[-1][0] + t, m)] if merged and merged[-1][1] == m else merged + [(t, m)]
+    ids, mask = render_conversation(tokenizer, CONVERSATION, train=trained)
+    assert runs(tokenizer, ids, mask) == merged
+    tagged = tiny_chat_template().replace(
+        "Assistant: {% if enable_thinking", "Assistant: {% generation %}{% if enable_thinking", 1).replace(
+        "{{ eos_token }}\n{% elif", "{{ eos_token }}{% endgeneration %}{{ '\\n' }}{% elif")
+    tokenizer.chat_template = tagged
+    try:
+        assert render_conversation(tokenizer, CONVERSATION, train=trained) == (ids, mask)
+    finally:
+        tokenizer.chat_template = tiny_chat_template()
+
+
+def test_generation_points():
+    from draftpipe.completions import generation_points
+
+    assert generation_points(CONVERSATION[:-1], "all") == [2, 6]  # the tool-call turn 4 stays; then the answer
+    assert generation_points(CONVERSATION[:-1], "last") == [6]
+    with pytest.raises(ValueError, match="completions.turns: unknown value 'some'"):
+        generation_points(CONVERSATION, "some")
+
+
+@pytest.mark.parametrize("reasoning,prompt,text,message,info", [
+    ("keep", "Assistant: ", "<think>plan</think>Hello.", {"content": "Hello.", "reasoning_content": "plan"},
+     {"thinking": "plan", "thinking_cut": False}),
+    ("strip", "Assistant: ", "<think>plan</think>Hello.", {"content": "Hello."}, {"thinking": "plan", "thinking_cut": False}),
+    ("keep", "Assistant: <think>", "plan</think>Hello.", {"content": "Hello.", "reasoning_content": "plan"},
+     {"thinking": "plan", "thinking_cut": False}),  # the generation prompt opened the span (DeepSeek-R1 style)
+    ("keep", "Assistant: <think>", "still planning", {"content": "", "reasoning_content": "still planning"},
+     {"thinking": "still planning", "thinking_cut": True}),
+    ("off", "Assistant: <think></think>", "Hello.", {"content": "Hello."}, {"thinking": None, "thinking_cut": False}),
+])
+def test_answer_message(reasoning, prompt, text, message, info):
+    from draftpipe.completions import answer_message
+
+    assert answer_message(text, prompt, reasoning) == ({"role": "assistant", **message}, info)
+
+
+def test_strip_leaves_no_thinking_in_any_trained_token_and_keep_trains_on_it(tokenizer):
+    from draftpipe.completions import answer_message
+
+    generated = ["<think>a cat</think>The cat sat.", "<think>a dog</think>The dog ran."]
+    for reasoning in ("strip", "keep"):
+        conv = [{"role": "user", "content": "Hi"}]
+        for text, user in zip(generated, ["More", None]):
+            conv.append(answer_message(text, "Assistant: ", reasoning)[0])
+            if user:
+                conv.append({"role": "user", "content": user})
+        ids, mask = render_conversation(tokenizer, conv)
+        trained = tokenizer.decode([i for i, m in zip(ids, mask) if m])
+        if reasoning == "strip":
+            assert "think" not in tokenizer.decode(ids) and trained.replace(" ", "") == "Thecatsat.</s>Thedogran.</s>"
+        else:
+            assert trained.replace(" ", "") == "<think>acat</think>Thecatsat.</s><think>adog</think>Thedogran.</s>"
+
+
+def test_off_renders_with_the_templates_switch(tokenizer):
+    from draftpipe.completions import template_kwargs
+
+    assert template_kwargs("off") == {"enable_thinking": False} and template_kwargs("keep") == {} == template_kwargs("strip")
+    conv = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+    ids, mask = render_conversation(tokenizer, conv, template_kwargs=template_kwargs("off"))
+    text = tokenizer.decode(ids)
+    assert "User: Hi\nAssistant: <think></think>" in text
+    assert tokenizer.decode([i for i, m in zip(ids, mask) if m]).replace(" ", "") == "Hello.</s>"  # not the switch
+
+
+def test_completion_stats_count_exactly():
+    from draftpipe.completions import completion_stats
+
+    def row(pid, turns, finish="stop", mask=(0, 1), sha="a" * 64):
+        return {"id": pid, "turns": turns, "finish_reason": finish, "loss_mask": list(mask), "chat_template_sha256": sha}
+
+    think = {"thinking_tokens": 5, "thinking_cut": False}
+    cut = {"thinking_tokens": 3, "thinking_cut": True}
+    plain = {"thinking_tokens": 0, "thinking_cut": False}
+    shards = {"s0": [row("p", [think, plain]), row("p", [plain], "length"), row("q", [cut], "length", (0, 0))],
+              "s1": [row("r", [plain, plain, think])]}
+    stats = completion_stats(shards)
+    assert {k: stats[k] for k in ("rows", "prompts", "turns", "truncated", "rows_with_thinking", "thinking_tokens",
+                                  "truncated_in_thinking", "empty_loss_mask")} == {
+        "rows": 4, "prompts": 3, "turns": 7, "truncated": 2, "rows_with_thinking": 3, "thinking_tokens": 13,
+        "truncated_in_thinking": 1, "empty_loss_mask": 1}
+    assert stats["per_shard"]["s1"]["turns"] == 3 and stats["chat_template_sha256"] == "a" * 64
+
+
+def test_rows_of_two_templates_are_refused():
+    from draftpipe.completions import TemplateDriftError, common_template
+
+    assert common_template([("f:1", "a" * 64), ("f:2", "a" * 64)]) == "a" * 64
+    with pytest.raises(TemplateDriftError, match=r"^g:3 was rendered with chat template b{64}, but f:1 with a{64}: "):
+        common_template([("f:1", "a" * 64), ("f:2", "a" * 64), ("g:3", "b" * 64)])
+    with pytest.raises(TemplateDriftError, match=r"^f:2 was rendered with chat template none \(plain text\)"):
+        common_template([("f:1", "a" * 64), ("f:2", None)])
+
+
+def test_truncation_gate_trips_above_the_threshold_and_passes_at_it():
+    from draftpipe.gates import QualityGateError, check_truncated
+
+    rows = [{"finish_reason": "length"}, {"finish_reason": "stop"}, {"finish_reason": "length"}, {"finish_reason": "stop"}]
+    assert check_truncated(rows, 0.5, "c.jsonl") == 0.5
+    with pytest.raises(QualityGateError, match=r"^c.jsonl: 2 of 4 rows \(50.0%\) end with finish_reason=length, above "
+                                               r"completions.max_truncated_fraction=0.4"):
+        check_truncated(rows, 0.4, "c.jsonl")

@@ -18,7 +18,7 @@ from draftpipe.prompts import (
     split_and_shard,
 )
 
-from conftest import TINYSTORIES
+from conftest import REPO, TINYSTORIES
 
 
 def write_jsonl(path, rows):
@@ -115,3 +115,50 @@ def test_split_rejects_bad_arguments():
         split_and_shard([], 0.1, 0, 0)
     with pytest.raises(ValueError):
         split_and_shard([], 1.0, 1, 0)
+
+
+CHAT = REPO / "tests" / "data" / "chat" / "conversations.jsonl"
+
+
+def test_conversations_keep_every_turn_tool_calls_and_tools():
+    records, stats = load_prompts([{"path": str(CHAT)}])
+    assert stats.kept == 3 and stats.empty == 0
+    tools = next(r for r in records if "tools" in r)
+    msgs = tools["messages"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "tool", "assistant", "user"]
+    assert msgs[4] == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"place": "park"}'}}]}
+    assert msgs[5] == {"role": "tool", "content": "sunny and warm", "tool_call_id": "call_0", "name": "get_weather"}
+    assert tools["tools"][0]["function"]["name"] == "get_weather"
+    assert tools["id"] == prompt_id(msgs, tools["tools"]) != prompt_id(msgs)  # tool definitions are content
+    sharegpt = next(r for r in records if len(r["messages"]) == 3)
+    assert [m["content"] for m in sharegpt["messages"]][1:] == ["DATASET SHAREGPT ANSWER",
+                                                               "What did Lily find in the garden?"]
+
+
+def test_sharegpt_tool_turns_and_a_conversation_ending_in_a_tool_result():
+    conv = {"conversations": [{"from": "human", "value": "weather?"},
+                              {"from": "function_call", "value": '{"name": "get", "arguments": {"at": "park"}}'},
+                              {"from": "observation", "value": "sun"}]}
+    assert normalise_record(conv, "f:1") == [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+            "name": "get", "arguments": {"at": "park"}}}]},
+        {"role": "tool", "content": "sun"}]
+
+
+def test_system_prompt_is_a_first_turn_and_part_of_the_fingerprint(tmp_path):
+    from draftpipe.fingerprint import prompt_fingerprints
+
+    src = write_jsonl(tmp_path / "p.jsonl", [
+        {"prompt": "q1"},
+        {"messages": [{"role": "system", "content": "own"}, {"role": "user", "content": "q2"}]}])
+    plain, _ = load_prompts([{"path": str(src)}])
+    with_sys, _ = load_prompts([{"path": str(src)}], "Be brief.")
+    by_q = {r["messages"][-1]["content"]: r for r in with_sys}
+    assert by_q["q1"]["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q1"}]
+    assert by_q["q2"]["messages"][0] == {"role": "system", "content": "own"}  # a record's own system turn stays
+    assert {r["id"] for r in plain} ^ {r["id"] for r in with_sys} == {
+        next(r["id"] for r in plain if r["messages"][-1]["content"] == "q1"), by_q["q1"]["id"]}
+    fp = lambda system: prompt_fingerprints([{"path": str(src)}], 0.0, 1, 0, system)["train"]
+    assert fp(None) != fp("Be brief.") and fp("Be brief.") == fp("Be brief.")

@@ -1,0 +1,16 @@
+"""Rule `completion_stats`: counts of the completions stage (rows, turns, truncated rows, thinking spans)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
+
+from draftpipe.runtime import start_job
+
+start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+
+from draftpipe.completions import completion_stats
+from draftpipe.io import read_jsonl, write_json
+
+stats = completion_stats({str(path): read_jsonl(path) for path in snakemake.input.completions})
+write_json(snakemake.output.stats, stats)
+print({k: v for k, v in stats.items() if k != "per_shard"})
