@@ -438,6 +438,53 @@ def answer_message(text: str, prompt_text: str, reasoning: str) -> tuple[dict, d
     return msg, {"thinking": thinking, "thinking_cut": cut}
 
 
+def conversation_rows(tokenizer: Any, rec: dict, sample: int, history: list[dict], trained: list[int],
+                      turns: list[dict], meta: dict) -> list[dict]:
+    """The training rows of one regenerated conversation (:func:`complete_conversations`).
+
+    A template whose renderings of successive turns are prefixes of each other (most templates) gives one row:
+    the whole conversation rendered once, the loss mask 1 on every answer of the verifier
+    (:func:`draftpipe.chat.render_conversation`, ``rendering: "conversation"``). A template that rewrites earlier
+    turns (Qwen3's drops the thinking of answers before the last user turn) renders no sequence in which every
+    answer appears as the verifier generated it; then each answer is a row of its own, the prompt exactly as the
+    verifier was served it and the answer's generated tokens, mask 1 on those (``rendering: "turn"``, ``turn`` =
+    its index), which is what the draft meets when serving.
+
+    Args:
+        tokenizer: the verifier's fast tokenizer with the chat template in use.
+        rec: the prompt record (``id``, optional ``tools``).
+        sample: the sample index.
+        history: the conversation with the verifier's answers in place.
+        trained: indices of the answers in ``history``.
+        turns: per answer, ``prompt_token_ids``, ``completion_token_ids``, ``finish_reason``, ... (see
+            :func:`complete_conversations`).
+        meta: fields copied into every row (``sampling``, ``vllm_version``, ``chat_template_sha256``,
+            ``template_kwargs``).
+
+    Returns:
+        The rows (``id``, ``sample``, ``messages``, ``tools``, ``input_ids``, ``loss_mask``, ``turns``,
+        ``finish_reason``, ``rendering``, [``turn``] and ``meta``'s fields).
+    """
+    from draftpipe.chat import render_conversation
+
+    base = {"id": rec["id"], "sample": sample, "messages": history,
+            **({"tools": rec["tools"]} if rec.get("tools") else {})}
+    try:
+        ids, mask = render_conversation(tokenizer, history, tools=rec.get("tools"),
+                                        template_kwargs=meta.get("template_kwargs"), train=trained)
+    except ChatTemplateError:
+        out = []
+        for k, t in enumerate(turns):
+            out.append({**base, "turn": k, "rendering": "turn",
+                        "input_ids": list(t["prompt_token_ids"]) + list(t["completion_token_ids"]),
+                        "loss_mask": [0] * len(t["prompt_token_ids"]) + [1] * len(t["completion_token_ids"]),
+                        "turns": [t], "finish_reason": t["finish_reason"], **meta})
+        return out
+    cut = any(t["finish_reason"] == "length" for t in turns)
+    return [{**base, "rendering": "conversation", "input_ids": ids, "loss_mask": mask, "turns": turns,
+             "finish_reason": "length" if cut else turns[-1]["finish_reason"], **meta}]
+
+
 def complete_conversations(
     llm: Any,
     records: list[dict],
@@ -474,15 +521,17 @@ def complete_conversations(
             row whose answers still hold a non-empty thinking span is dropped (SpecForge's rule) and counted.
 
     Returns:
-        ``(rows, stats)``: one row per sample with ``id``, ``sample``, ``messages`` (the conversation as trained,
+        ``(rows, stats)``: one row per sample (or, for a template that rewrites earlier turns, per answer: see
+        :func:`conversation_rows`) with ``id``, ``sample``, ``messages`` (the conversation as trained,
         the verifier's answers in place), ``tools`` (when given), ``input_ids`` and ``loss_mask`` (the rendering of
-        :func:`draftpipe.chat.render_conversation`, 1 exactly on the verifier's answers), ``turns`` (per generated
+        :func:`draftpipe.chat.render_conversation`, 1 exactly on the verifier's answers), ``rendering``
+        (``conversation`` or ``turn``), ``turns`` (per generated
         answer: ``message`` index, ``prompt_token_ids``, ``completion_token_ids``, ``completion_text``,
         ``finish_reason``, ``seed``, ``thinking_tokens``, ``thinking_cut``), ``finish_reason`` (``length`` when
         any answer was cut by ``max_tokens``, else the last answer's), ``sampling``, ``vllm_version``,
         ``chat_template_sha256``, ``template_kwargs``. ``stats`` counts ``prompts``, ``kept``,
         ``dropped_too_long``, ``turns_generated``, ``conversations_cut_too_long``, ``dropped_thinking_when_off``,
-        ``samples``.
+        ``conversations_per_turn``, ``samples`` (rows).
 
     Raises:
         PromptTooLongError: ``too_long`` is ``error`` and a prompt does not fit.
@@ -491,8 +540,6 @@ def complete_conversations(
     """
     import vllm
     from vllm import SamplingParams
-
-    from draftpipe.chat import render_conversation
 
     if too_long not in TOO_LONG_POLICIES:
         raise ValueError(f"completions.too_long: unknown policy {too_long!r} (use drop, truncate or error)")
@@ -565,20 +612,12 @@ def complete_conversations(
         if reasoning == "off" and any(t["thinking_tokens"] for t in b["turns"]):
             stats["dropped_thinking_when_off"] += 1
             continue
-        ids, mask = render_conversation(tokenizer, b["history"], tools=rec.get("tools"), template_kwargs=kw,
-                                        train=b["trained"])
-        last = b["turns"][-1]
-        rows.append({
-            "id": rec["id"], "sample": b["sample"], "messages": b["history"],
-            **({"tools": rec["tools"]} if rec.get("tools") else {}),
-            "input_ids": ids, "loss_mask": mask, "turns": b["turns"],
-            "finish_reason": "length" if any(t["finish_reason"] == "length" for t in b["turns"])
-            else last["finish_reason"],
-            "sampling": {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
-                         "n": samples_per_prompt, "base_seed": seed, "turns": turns, "reasoning": reasoning},
-            "vllm_version": vllm.__version__, "chat_template_sha256": template_hash, "template_kwargs": kw,
-        })
-    rows.sort(key=lambda r: (r["id"], r["sample"]))
+        meta = {"sampling": {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
+                             "n": samples_per_prompt, "base_seed": seed, "turns": turns, "reasoning": reasoning},
+                "vllm_version": vllm.__version__, "chat_template_sha256": template_hash, "template_kwargs": kw}
+        rows += conversation_rows(tokenizer, rec, b["sample"], b["history"], b["trained"], b["turns"], meta)
+        stats["conversations_per_turn"] += rows[-1]["rendering"] == "turn"
+    rows.sort(key=lambda r: (r["id"], r["sample"], r.get("turn", 0)))
     stats["kept"] = len({r["id"] for r in rows})
     stats["samples"] = len(rows)
     return rows, dict(stats)

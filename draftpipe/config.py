@@ -46,6 +46,9 @@ def _schema_message(error) -> str:
 def validate_config(config: dict, schema: str | Path = SCHEMA) -> None:
     """Check ``config`` against the JSON schema (without filling defaults), naming the key of the first error.
 
+    The one value it rewrites: ``completions.reasoning: off`` unquoted, which YAML reads as ``false``, becomes
+    ``"off"``.
+
     Errors are ordered by key path, so the same config always reports the same error.
 
     Args:
@@ -59,6 +62,9 @@ def validate_config(config: dict, schema: str | Path = SCHEMA) -> None:
     import jsonschema
     import yaml
 
+    # YAML 1.1 reads an unquoted `off` as false: completions.reasoning means the string
+    if (config.get("completions") or {}).get("reasoning") is False:
+        config["completions"]["reasoning"] = "off"
     spec = yaml.safe_load(Path(schema).read_text(encoding="utf-8"))
     validator = jsonschema.validators.validator_for(spec)(spec)
     errors = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
@@ -168,7 +174,8 @@ def verifier_identity(resolved: dict, config: dict, cache_file: str | Path | Non
 def check_config(config: dict, resolved: dict) -> dict[str, Any]:
     """Check values against the verifier and the file system; return derived values (aux ids, shape).
 
-    Checked: every ``prompts.sources[i].path`` and ``bench.prompt_sets[i].path`` is a file,
+    Checked: every ``prompts.sources[i].path``, ``bench.prompt_sets[i].path`` and ``verifier.chat_template_file``
+    is a file (the template may also name a template of the package),
     ``hidden_states.aux_layer_ids`` fit the verifier's depth, ``vocab.draft_vocab_size`` does not exceed the
     verifier's vocabulary, the draft's training ranks divide ``draft.batches_per_step`` and are no more per node than
     the job's GPUs.
@@ -191,6 +198,13 @@ def check_config(config: dict, resolved: dict) -> dict[str, Any]:
     for i, src in enumerate(config["prompts"]["sources"]):
         if not Path(src["path"]).is_file():
             raise ConfigError(f"prompts.sources[{i}].path: {src['path']} does not exist")
+    template = (config.get("verifier") or {}).get("chat_template_file")
+    if template is not None:
+        from draftpipe.chat import PACKAGE_TEMPLATES
+
+        if template not in PACKAGE_TEMPLATES and not Path(template).is_file():
+            raise ConfigError(f"verifier.chat_template_file: {template} does not exist (a Jinja chat template file, "
+                              f"or one of {', '.join(sorted(PACKAGE_TEMPLATES))})")
     for i, src in enumerate((config.get("bench") or {}).get("prompt_sets") or []):
         if not Path(src["path"]).is_file():
             raise ConfigError(f"bench.prompt_sets[{i}].path: {src['path']} does not exist")

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from draftpipe.gates import check_finite_loss
 from draftpipe.hidden_states import iter_shard, read_shard_metadata
 from draftpipe.io import atomic_dir
 
@@ -457,6 +458,7 @@ def _trainer_class():
                     with sync:
                         with torch.autocast(self.device_type, dtype=self.config.hidden_states_dtype):
                             _, loss, metrics = self.model(**self._to_device(batch), **call_kw)
+                        check_finite_loss(float(loss.detach()), epoch, local_step, i)
                         (loss if k == 1 else loss / k).backward()
                     metrics["error_records_sum"] = torch.tensor(float(batch["error_records"]), device=loss.device)
                     metrics["error_records_total"] = torch.tensor(1.0, device=loss.device)

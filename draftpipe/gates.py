@@ -41,3 +41,76 @@ def check_truncated(rows: list[dict], max_fraction: float, artifact: str) -> flo
             f"completions.max_truncated_fraction={max_fraction}; raise completions.max_tokens (recomputes the "
             "completions) or the threshold (recomputes nothing)")
     return fraction
+
+
+def check_empty_masks(mask_sums: list[int], max_fraction: float, artifact: str) -> float:
+    """Gate ``hidden_states.max_empty_mask_fraction``: at most that fraction of a shard's samples may have no token
+    to train on (loss mask all 0: answers cut away by ``verifier.max_model_len``, or rendered outside the mask).
+
+    Args:
+        mask_sums: per sample, the number of tokens with loss mask 1.
+        max_fraction: the threshold in [0, 1]; 1.0 never fails.
+        artifact: the shard's path, for the message.
+
+    Returns:
+        The fraction of samples with an empty mask (0.0 for no samples).
+
+    Raises:
+        QualityGateError: the fraction is above ``max_fraction``.
+    """
+    empty = sum(1 for n in mask_sums if n == 0)
+    fraction = empty / len(mask_sums) if mask_sums else 0.0
+    if fraction > max_fraction:
+        raise QualityGateError(
+            f"{artifact}: {empty} of {len(mask_sums)} samples ({fraction:.1%}) have an empty loss mask, above "
+            f"hidden_states.max_empty_mask_fraction={max_fraction}; raise verifier.max_model_len or check the chat "
+            "template's assistant spans")
+    return fraction
+
+
+def check_finite_loss(loss: float, epoch: int, step: int, batch: int) -> None:
+    """Gate of draft training: a loss that is NaN or infinite stops training before the optimizer applies it.
+
+    Raises:
+        QualityGateError: ``loss`` is not finite; names the epoch, step and batch of the step. The checkpoints of
+            the steps before stay in the training state.
+    """
+    import math
+
+    if not math.isfinite(loss):
+        raise QualityGateError(
+            f"draft training: the loss is {loss} at epoch {epoch}, step {step} (batch {batch} of the step), not "
+            "finite; lower draft.lr, or check the hidden-state shards for non-finite states")
+
+
+def check_acceptance(summary: dict, min_length: float | None, artifact: str) -> float | None:
+    """Gate ``bench.min_acceptance_length``: the served acceptance length on the eval prompts, at the largest
+    ``num_speculative_tokens`` measured, must reach the threshold at every temperature and batch size.
+
+    Args:
+        summary: ``results/bench/summary.json`` (``results`` rows with ``prompt_set``, ``num_speculative_tokens``,
+            ``temperature``, ``batch_size``, ``acceptance_length``).
+        min_length: the threshold (tokens per verifier step, 1.0 = nothing accepted); None never fails.
+        artifact: the summary's path, for the message.
+
+    Returns:
+        The lowest acceptance length checked (None when ``min_length`` is None or no eval row was measured).
+
+    Raises:
+        QualityGateError: a checked acceptance length is below ``min_length`` (or missing); names the setting.
+    """
+    if min_length is None:
+        return None
+    rows = [r for r in summary.get("results", []) if r.get("prompt_set") == "eval"]
+    if not rows:
+        return None
+    k = max(r["num_speculative_tokens"] for r in rows)
+    checked = [r for r in rows if r["num_speculative_tokens"] == k]
+    worst = min(checked, key=lambda r: r.get("acceptance_length") or 0.0)
+    value = worst.get("acceptance_length") or 0.0
+    if value < min_length:
+        raise QualityGateError(
+            f"{artifact}: the served acceptance length on the eval prompts is {value:.3f} at "
+            f"num_speculative_tokens={k}, temperature={worst['temperature']}, batch_size={worst['batch_size']}, below "
+            f"bench.min_acceptance_length={min_length}")
+    return value

@@ -434,6 +434,15 @@ def iter_shard(path: str):
             yield {k: fh.get_tensor(f"{i:06d}.{k}") for k in KEYS}
 
 
+def loss_mask_sums(path: str) -> list[int]:
+    """Per sample of a shard, the number of tokens with loss mask 1 (only the ``loss_mask`` tensors are read)."""
+    from safetensors import safe_open
+
+    meta = read_shard_metadata(path)
+    with safe_open(path, framework="pt") as fh:
+        return [int(fh.get_tensor(f"{i:06d}.loss_mask").sum()) for i in range(meta["num_samples"])]
+
+
 def check_shards_cached(paths: Iterable[str], cache_file: str | os.PathLike, full: bool = False,
                         **expect: int | None) -> dict[str, str]:
     """:func:`check_shard_header` (or, with ``full``, :func:`shard_problem`) over many shards, remembering the

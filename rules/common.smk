@@ -24,11 +24,8 @@ try:
     else:
         VERIFIER = resolve_verifier(config["verifier"]["path"], field="verifier.path")
     DERIVED = check_config(config, VERIFIER)
-    try:
-        # verifier.chat_template_file: its content is a param of the stages that render conversations
-        CHAT_TEMPLATE_SHA = template_sha256(config["verifier"]["chat_template_file"])
-    except FileNotFoundError as exc:
-        raise ConfigError(str(exc))
+    # verifier.chat_template_file (checked above): its content is a param of the stages that render conversations
+    CHAT_TEMPLATE_SHA = template_sha256(config["verifier"]["chat_template_file"])
 except (ConfigError, VerifierNotFoundError) as exc:
     raise WorkflowError(f"config error: {exc}")
 

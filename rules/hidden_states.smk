@@ -14,7 +14,7 @@ rule hidden_states:
         num_layers=DERIVED["num_hidden_layers"],
         hidden_size=DERIVED["hidden_size"],
         dtype=config["hidden_states"]["dtype"],
-        max_len=config["verifier"]["max_model_len"],
+        max_len=config["verifier"]["max_model_len"],  # (the gate max_empty_mask_fraction is read from the config)
         model_dtype=config["verifier"]["dtype"],
     log:
         "results/logs/hidden_states/train_{shard}.log",

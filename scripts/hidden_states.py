@@ -22,6 +22,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
     import draftpipe.extract as ex
     import draftpipe.hidden_states as hs
     from draftpipe.completions import common_template
+    from draftpipe.gates import check_empty_masks
     from draftpipe.io import read_jsonl
     from draftpipe.stage import STORE, code_digest, run_stage, stage_settings, stage_tasks
 
@@ -53,3 +54,6 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
     code = code_digest([Path(snakemake.scriptdir) / "hidden_states.py"])
     run_stage(own, shards, store, ".safetensors", stage_settings(snakemake), code, compute,
               share=snakemake.config["resources"]["hidden_states"]["share_engine"], check=hs.check_shard_header)
+    # the quality gate runs on the stored shard: failing it loses nothing (see draftpipe/gates.py)
+    check_empty_masks(hs.loss_mask_sums(own.output), snakemake.config["hidden_states"]["max_empty_mask_fraction"],
+                      own.output)

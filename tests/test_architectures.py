@@ -25,7 +25,8 @@ def _tiny_budget(verifier, aux, max_tokens):
         c["verifier"].update(path=str(verifier), max_model_len=256)
         c["prompts"].update(num_shards=1, eval_fraction=0.25)
         # greedy: a random verifier's greedy continuations settle into cycles a one-layer draft learns
-        c["completions"].update(samples_per_prompt=1, max_tokens=max_tokens, temperature=0.0)
+        c["completions"].update(samples_per_prompt=1, max_tokens=max_tokens, temperature=0.0,
+                                max_truncated_fraction=1.0)  # random weights seldom end an answer
         c["hidden_states"].update(aux_layer_ids=aux)
         c["draft"].update(epochs=8, total_seq_len=256)  # about 8 steps of 256 tokens per epoch
         c["report"].update(live_check=True, live_prompts=2, live_max_tokens=16)

@@ -334,6 +334,7 @@ def fake_verifier(tmp_path) -> dict:
 
 def base_config() -> dict:
     return {
+        "verifier": {"chat_template_file": None},
         "prompts": {"sources": [{"path": str(TINYSTORIES)}]},
         "hidden_states": {"aux_layer_ids": [1, 2, 4]},
         "vocab": {"draft_vocab_size": 256},
@@ -367,6 +368,9 @@ CONFIG_ERRORS = [
                  "hidden_states.aux_layer_ids: the default aux layer ids [2, N//2, N-3] = [2, 2, 2] are not valid for "
                  "a verifier with 5 layers; set hidden_states.aux_layer_ids explicitly (for example [1, 2, 4] for 5 "
                  "layers)", id="aux-default-too-shallow"),
+    pytest.param("verifier.chat_template_file", "no/chat.jinja",
+                 "verifier.chat_template_file: no/chat.jinja does not exist (a Jinja chat template file, or one of "
+                 "tiny_chat)", id="missing-chat-template"),
     pytest.param("vocab.draft_vocab_size", 600,
                  "vocab.draft_vocab_size: 600 exceeds the verifier's vocabulary of 512", id="draft-vocab-too-large"),
 ]
@@ -599,3 +603,13 @@ def test_prepare_prompts_counts_too_long_and_multi_turn(tokenizer):
         "verifier.max_model_len=64 (set completions.too_long to drop or truncate to go on)")
     assert raised(ValueError, prepare_prompts, [], tokenizer, max_model_len=64, max_tokens=8, too_long="cut") == (
         "completions.too_long: unknown policy 'cut' (use drop, truncate or error)")
+
+
+def test_unquoted_reasoning_off_means_off(shipped_config):
+    import yaml
+
+    cfg = copy.deepcopy(shipped_config)
+    cfg["completions"]["reasoning"] = yaml.safe_load("reasoning: off")["reasoning"]
+    assert cfg["completions"]["reasoning"] is False  # YAML 1.1
+    validate_config(cfg)
+    assert cfg["completions"]["reasoning"] == "off"

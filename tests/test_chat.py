@@ -227,3 +227,76 @@ def test_truncation_gate_trips_above_the_threshold_and_passes_at_it():
     with pytest.raises(QualityGateError, match=r"^c.jsonl: 2 of 4 rows \(50.0%\) end with finish_reason=length, above "
                                                r"completions.max_truncated_fraction=0.4"):
         check_truncated(rows, 0.4, "c.jsonl")
+
+
+def test_empty_mask_gate_on_a_real_shard(tmp_path):
+    import torch
+
+    from draftpipe.gates import QualityGateError, check_empty_masks
+    from draftpipe.hidden_states import loss_mask_sums, write_shard
+
+    def sample(mask):
+        t = len(mask)
+        return {"input_ids": torch.arange(t), "loss_mask": torch.tensor(mask, dtype=torch.uint8),
+                "hidden_states": torch.zeros(t, 6), "verifier_last_hidden_states": torch.zeros(t, 2)}
+
+    path = tmp_path / "train_00000.safetensors"
+    write_shard(str(path), [sample([0, 1, 1]), sample([0, 0, 0]), sample([0, 1, 0]), sample([1, 1, 1])], {})
+    assert loss_mask_sums(str(path)) == [2, 0, 1, 3]
+    assert check_empty_masks(loss_mask_sums(str(path)), 0.25, str(path)) == 0.25
+    with pytest.raises(QualityGateError, match=rf"^{path}: 1 of 4 samples \(25.0%\) have an empty loss mask, above "
+                                               r"hidden_states.max_empty_mask_fraction=0.2; "):
+        check_empty_masks(loss_mask_sums(str(path)), 0.2, str(path))
+
+
+def test_acceptance_gate():
+    from draftpipe.gates import QualityGateError, check_acceptance
+
+    def res(k, t, b, a, name="eval"):
+        return {"prompt_set": name, "num_speculative_tokens": k, "temperature": t, "batch_size": b,
+                "acceptance_length": a}
+
+    summary = {"results": [res(1, 0.0, 8, 1.2), res(3, 0.0, 8, 1.9), res(3, 0.6, 8, 1.7), res(3, 0.0, 8, 1.1, "gsm8k")]}
+    assert check_acceptance(summary, None, "s.json") is None  # off by default
+    assert check_acceptance(summary, 1.7, "s.json") == 1.7  # the largest k at every temperature; other sets ignored
+    with pytest.raises(QualityGateError, match=r"^s.json: the served acceptance length on the eval prompts is 1.700 at "
+                                               r"num_speculative_tokens=3, temperature=0.6, batch_size=8, below "
+                                               r"bench.min_acceptance_length=1.8$"):
+        check_acceptance(summary, 1.8, "s.json")
+
+
+def test_a_template_that_rewrites_earlier_turns_trains_each_answer_as_served(tokenizer):
+    from draftpipe.completions import answer_message, conversation_rows
+
+    generated = ["<think>a cat</think>The cat sat.", "<think>a dog</think>The dog ran."]
+    rewriting = tiny_chat_template().replace("{% elif m.reasoning_content is defined and m.reasoning_content %}",
+                                             "{% elif m.reasoning_content is defined and m.reasoning_content and loop.last %}")
+
+    def regenerate():
+        history, trained, turns = [{"role": "user", "content": "Hi"}], [], []
+        for text, user in zip(generated, ["More", None]):
+            prompt = tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
+            turns.append({"prompt_token_ids": tokenizer(prompt, add_special_tokens=False)["input_ids"],
+                          "completion_token_ids": tokenizer(text + "</s>", add_special_tokens=False)["input_ids"],
+                          "finish_reason": "stop"})
+            trained.append(len(history))
+            history.append(answer_message(text, prompt, "keep")[0])
+            if user:
+                history.append({"role": "user", "content": user})
+        return conversation_rows(tokenizer, {"id": "c"}, 0, history, trained, turns, {"chat_template_sha256": "x"})
+
+    stable = regenerate()
+    assert [r["rendering"] for r in stable] == ["conversation"] and stable[0]["chat_template_sha256"] == "x"
+    tokenizer.chat_template = rewriting
+    try:
+        rows = regenerate()
+    finally:
+        tokenizer.chat_template = tiny_chat_template()
+    assert [(r["rendering"], r["turn"]) for r in rows] == [("turn", 0), ("turn", 1)]
+    for row in rows:
+        (turn,) = row["turns"]
+        assert row["input_ids"] == turn["prompt_token_ids"] + turn["completion_token_ids"]
+        assert row["loss_mask"] == [0] * len(turn["prompt_token_ids"]) + [1] * len(turn["completion_token_ids"])
+    # the second answer's prompt is the history as the rewriting template serves it: without the first thinking
+    second = tokenizer.decode(rows[1]["turns"][0]["prompt_token_ids"])
+    assert "The cat sat." in second and "a cat" not in second

@@ -370,3 +370,36 @@ def test_ranks_must_divide_the_steps_batches(verifier_dir, shards, tmp_path):
                                          r"ranks \(2\)"):
         train_draft(str(verifier_dir), paths, maps, str(tmp_path / "w"), DraftSettings(batches_per_step=3), ranks=2)
     assert not (tmp_path / "w").exists()
+
+
+def test_a_non_finite_loss_stops_training_before_the_step(verifier_dir, shards, tmp_path):
+    # a learning rate of 1e30 overflows the weights after the first step: the next loss is not finite. Training at a
+    # sane rate passes the same check on every batch (the fixtures above).
+    import torch
+
+    from draftpipe.draft import DraftSettings, train_draft
+    from draftpipe.gates import QualityGateError
+
+    paths, maps = shards
+    torch.manual_seed(0)
+    with pytest.raises(QualityGateError, match=r"^draft training: the loss is (nan|inf|-inf) at epoch 0, step \d+ "
+                                               r"\(batch 0 of the step\), not finite; lower draft.lr"):
+        train_draft(str(verifier_dir), paths, maps, str(tmp_path / "w"),
+                    DraftSettings(epochs=1, lr=1e30, total_seq_len=256, val_every=5, seed=0), threads=1)
+
+
+def test_shards_of_two_chat_templates_are_refused(verifier_dir, shards, tmp_path):
+    from draftpipe.completions import TemplateDriftError
+    from draftpipe.draft import DraftSettings, train_draft
+    from draftpipe.hidden_states import iter_shard, read_shard_metadata, write_shard
+
+    paths, maps = shards
+    mixed = []
+    for i, (path, sha) in enumerate(zip(paths, ["a" * 64, "b" * 64])):
+        meta = {k: v for k, v in read_shard_metadata(path).items() if k not in ("num_samples", "num_tokens")}
+        out = tmp_path / f"train_{i:05d}.safetensors"
+        write_shard(str(out), list(iter_shard(path)), {**meta, "chat_template_sha256": sha})
+        mixed.append(str(out))
+    with pytest.raises(TemplateDriftError, match=rf"^{mixed[1]} was rendered with chat template b{{64}}, but "
+                                                 rf"{mixed[0]} with a{{64}}"):
+        train_draft(str(verifier_dir), mixed, maps, str(tmp_path / "w"), DraftSettings(epochs=1), threads=1)

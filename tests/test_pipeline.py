@@ -380,3 +380,18 @@ def test_vllm_benchmark_and_what_reruns_it(built):
     cfg = variant(built, "lr", lambda c: c["draft"].update(lr=0.001))
     assert planned_jobs(built, "--configfile", cfg, target="results/bench/report.md") == {
         "draft": 1, "compat_report": 1, "bench_run": 1, "bench_report": 1}
+    # the acceptance gate fails the report, not the measurement: its threshold reruns nothing, and failing keeps
+    # the summary
+    measured = min(r["acceptance_length"] for r in rows.values() if r["num_speculative_tokens"] == 3)
+    before = (built / "results/bench/summary.json").read_bytes()
+    strict = variant(built, "strict", lambda c: c["bench"].update(min_acceptance_length=4.5))
+    assert planned_jobs(built, "--configfile", strict, target="results/bench/report.md") == {}
+    proc = snakemake(built, "results/bench/report.md", "--configfile", strict, "--forcerun", "bench_report", check=False)
+    assert proc.returncode != 0
+    assert (f"results/bench/summary.json: the served acceptance length on the eval prompts is {measured:.3f} at "
+            "num_speculative_tokens=3, temperature=0.0, batch_size=8, below bench.min_acceptance_length=4.5") in (
+        built / "results/logs/bench_report.log").read_text()
+    assert (built / "results/bench/summary.json").read_bytes() == before
+    passing = variant(built, "passing", lambda c: c["bench"].update(min_acceptance_length=1.0))
+    snakemake(built, "results/bench/report.md", "--configfile", passing)
+    assert (built / "results/bench/report.md").exists() and (built / "results/bench/summary.json").read_bytes() == before
