@@ -12,6 +12,15 @@ class QualityGateError(RuntimeError):
     """An artifact fails a quality gate; the message names the artifact, the measured value and the threshold."""
 
 
+def _fraction_gate(count: int, total: int, max_fraction: float, message) -> float:
+    """``count / total`` (0.0 for nothing), or :class:`QualityGateError` with ``message(fraction)`` when it is above
+    ``max_fraction``."""
+    fraction = count / total if total else 0.0
+    if fraction > max_fraction:
+        raise QualityGateError(message(fraction))
+    return fraction
+
+
 def truncated_rows(rows: list[dict]) -> int:
     """Rows of a completions shard cut by ``max_tokens``: ``finish_reason == "length"`` (a conversation row says
     ``length`` when any of its answers was cut, :func:`draftpipe.completions.complete_conversations`)."""
@@ -34,13 +43,10 @@ def check_truncated(rows: list[dict], max_fraction: float, artifact: str) -> flo
         QualityGateError: the fraction is above ``max_fraction``.
     """
     cut = truncated_rows(rows)
-    fraction = cut / len(rows) if rows else 0.0
-    if fraction > max_fraction:
-        raise QualityGateError(
-            f"{artifact}: {cut} of {len(rows)} rows ({fraction:.1%}) end with finish_reason=length, above "
-            f"completions.max_truncated_fraction={max_fraction}; raise completions.max_tokens (recomputes the "
-            "completions) or the threshold (recomputes nothing)")
-    return fraction
+    return _fraction_gate(cut, len(rows), max_fraction, lambda f: (
+        f"{artifact}: {cut} of {len(rows)} rows ({f:.1%}) end with finish_reason=length, above "
+        f"completions.max_truncated_fraction={max_fraction}; raise completions.max_tokens (recomputes the "
+        "completions) or the threshold (recomputes nothing)"))
 
 
 def check_empty_masks(mask_sums: list[int], max_fraction: float, artifact: str) -> float:
@@ -59,13 +65,10 @@ def check_empty_masks(mask_sums: list[int], max_fraction: float, artifact: str) 
         QualityGateError: the fraction is above ``max_fraction``.
     """
     empty = sum(1 for n in mask_sums if n == 0)
-    fraction = empty / len(mask_sums) if mask_sums else 0.0
-    if fraction > max_fraction:
-        raise QualityGateError(
-            f"{artifact}: {empty} of {len(mask_sums)} samples ({fraction:.1%}) have an empty loss mask, above "
-            f"hidden_states.max_empty_mask_fraction={max_fraction}; raise verifier.max_model_len or check the chat "
-            "template's assistant spans")
-    return fraction
+    return _fraction_gate(empty, len(mask_sums), max_fraction, lambda f: (
+        f"{artifact}: {empty} of {len(mask_sums)} samples ({f:.1%}) have an empty loss mask, above "
+        f"hidden_states.max_empty_mask_fraction={max_fraction}; raise verifier.max_model_len or check the chat "
+        "template's assistant spans"))
 
 
 def check_finite_loss(loss: float, epoch: int, step: int, batch: int) -> None:
