@@ -45,8 +45,8 @@ def common_template(sources: list[tuple[str, str | None]]) -> str | None:
     a rendering vLLM never serves, silently).
 
     Args:
-        sources: ``(where, chat_template_sha256)`` per row or shard (``where`` like ``file:line``); None stands for
-            plain-text rows (no template).
+        sources: ``(where, chat_template_sha256)`` per row or shard (``where`` like ``file:line``), any iterable;
+            None stands for plain-text rows (no template).
 
     Returns:
         The common hash (None when all are plain text or ``sources`` is empty).
@@ -64,6 +64,18 @@ def common_template(sources: list[tuple[str, str | None]]) -> str | None:
                 f"{a or 'none (plain text)'}: rows of two chat templates cannot be trained on together; rerun the "
                 "completions of the stale part (snakemake plans them when the template changed)")
     return next(iter(first), None)
+
+
+def row_templates(paths: list[str]):
+    """``(file:line, chat_template_sha256)`` of every row of completions files, read one line at a time (for
+    :func:`common_template` over shards too large to hold at once)."""
+    import json
+
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            for i, line in enumerate(fh, start=1):
+                if line.strip():
+                    yield f"{path}:{i}", json.loads(line).get("chat_template_sha256")
 
 
 class ChatTemplateError(ValueError):
@@ -341,13 +353,13 @@ def complete(
     from draftpipe.chat import use_template
 
     tokenizer = llm.get_tokenizer()
-    if chat_template_file is not None:
-        # vLLM's tokenizer routes rendering to private copies (vllm/tokenizers/hf.py): give a tokenizer of our own
-        # the configured template
+    if chat_template_file is not None or check_chat_template(tokenizer, chat_template, verifier):
+        # conversations are rendered by a tokenizer of our own: vLLM's routes rendering to private copies
+        # (vllm/tokenizers/hf.py), which a configured template would not reach
         from transformers import AutoTokenizer
 
         tokenizer = use_template(AutoTokenizer.from_pretrained(verifier), chat_template_file)
-    if check_chat_template(tokenizer, chat_template, verifier):
+        check_chat_template(tokenizer, chat_template, verifier)
         return complete_conversations(
             llm, records, tokenizer, samples_per_prompt=samples_per_prompt, temperature=temperature, top_p=top_p,
             max_tokens=max_tokens, seed=seed, max_model_len=max_model_len, too_long=too_long, turns=turns,

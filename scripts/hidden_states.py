@@ -21,7 +21,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     import draftpipe.extract as ex
     import draftpipe.hidden_states as hs
-    from draftpipe.completions import common_template
+    from draftpipe.completions import common_template, row_templates
     from draftpipe.gates import check_empty_masks
     from draftpipe.io import read_jsonl
     from draftpipe.stage import STORE, code_digest, run_stage, stage_settings, stage_tasks
@@ -35,11 +35,10 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
                                 dtype=p.model_dtype, max_len=p.max_len, seed=0, request_dir=requests,
                                 engine=engine_parallelism(snakemake.resources.gpu))
         dtype = getattr(torch, p.dtype)
-        rows = {task.shard: read_jsonl(task.inputs[0]) for task in tasks}
-        template = common_template([(f"{task.inputs[0]}:{i}", r.get("chat_template_sha256"))
-                                    for task in tasks for i, r in enumerate(rows[task.shard], start=1)])
+        # rows of two chat templates fail before any shard is computed (one streaming pass, a hash per row)
+        template = common_template(row_templates([task.inputs[0] for task in tasks]))
         for task in tasks:
-            samples = ex.build_samples(llm, rows[task.shard], aux_ids=p.aux_layer_ids,
+            samples = ex.build_samples(llm, read_jsonl(task.inputs[0]), aux_ids=p.aux_layer_ids,
                                        num_layers=p.num_layers, max_len=p.max_len, dtype=dtype, request_dir=requests,
                                        batch_tokens=snakemake.config["resources"]["hidden_states"]["batch_tokens"])
             hs.write_shard(str(task.entry), samples, {
