@@ -20,12 +20,12 @@ characters overlap the turn's span.
 
 from __future__ import annotations
 
-import hashlib
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from draftpipe.completions import ChatTemplateError
+from draftpipe.io import sha256_text
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -63,7 +63,27 @@ def template_text(spec: str | None, field: str = "verifier.chat_template_file") 
 def template_sha256(spec: str | None) -> str | None:
     """SHA-256 of :func:`template_text` (what :func:`draftpipe.completions.chat_template_hash` records), or None."""
     text = template_text(spec)
-    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return None if text is None else sha256_text(text)
+
+
+def planned_template(spec: str | None, sha256: str | None) -> str | None:
+    """``spec`` (``verifier.chat_template_file``) after checking that its content is what the workflow was planned
+    with (``sha256``, a param of the job).
+
+    Raises:
+        RuntimeError: the file changed after the workflow was parsed.
+    """
+    if template_sha256(spec) != sha256:
+        raise RuntimeError(f"verifier.chat_template_file: {spec} changed after the workflow was planned; run "
+                           "snakemake again")
+    return spec
+
+
+def verifier_tokenizer(verifier: str, spec: str | None = None) -> Any:
+    """The verifier's Hugging Face tokenizer with the configured chat template (:func:`use_template`)."""
+    from transformers import AutoTokenizer
+
+    return use_template(AutoTokenizer.from_pretrained(verifier), spec)
 
 
 def use_template(tokenizer: Any, spec: str | None) -> Any:

@@ -69,13 +69,11 @@ def common_template(sources: list[tuple[str, str | None]]) -> str | None:
 def row_templates(paths: list[str]):
     """``(file:line, chat_template_sha256)`` of every row of completions files, read one line at a time (for
     :func:`common_template` over shards too large to hold at once)."""
-    import json
+    from draftpipe.io import iter_jsonl
 
     for path in paths:
-        with open(path, encoding="utf-8") as fh:
-            for i, line in enumerate(fh, start=1):
-                if line.strip():
-                    yield f"{path}:{i}", json.loads(line).get("chat_template_sha256")
+        for i, row in iter_jsonl(path):
+            yield f"{path}:{i}", row.get("chat_template_sha256")
 
 
 class ChatTemplateError(ValueError):
@@ -350,16 +348,13 @@ def complete(
     import vllm
     from vllm import SamplingParams
 
-    from draftpipe.chat import use_template
-
     tokenizer = llm.get_tokenizer()
-    if chat_template_file is not None or check_chat_template(tokenizer, chat_template, verifier):
+    if chat_template_file is not None or getattr(tokenizer, "chat_template", None):
         # conversations are rendered by a tokenizer of our own: vLLM's routes rendering to private copies
         # (vllm/tokenizers/hf.py), which a configured template would not reach
-        from transformers import AutoTokenizer
+        from draftpipe.chat import verifier_tokenizer
 
-        tokenizer = use_template(AutoTokenizer.from_pretrained(verifier), chat_template_file)
-        check_chat_template(tokenizer, chat_template, verifier)
+        tokenizer = verifier_tokenizer(verifier, chat_template_file)
         return complete_conversations(
             llm, records, tokenizer, samples_per_prompt=samples_per_prompt, temperature=temperature, top_p=top_p,
             max_tokens=max_tokens, seed=seed, max_model_len=max_model_len, too_long=too_long, turns=turns,
@@ -635,11 +630,11 @@ def complete_conversations(
     return rows, dict(stats)
 
 
-def completion_stats(shards: dict[str, list[dict]]) -> dict:
-    """Counts of the completions stage, from its rows (``results/completions/stats.json``).
+def completion_stats(shards: dict[str, Any]) -> dict:
+    """Counts of the completions stage, from its rows (``results/completions/stats.json``), in one pass.
 
     Args:
-        shards: ``{shard path: rows}``.
+        shards: ``{shard path: rows}``; the rows may be any iterable (a stream of a shard too large to hold).
 
     Returns:
         ``{"rows", "prompts", "turns", "truncated" (rows with an answer cut by max_tokens), "rows_with_thinking"
@@ -651,9 +646,14 @@ def completion_stats(shards: dict[str, list[dict]]) -> dict:
     Raises:
         TemplateDriftError: rows of two chat templates (:func:`common_template`).
     """
-    def count(rows):
-        c = Counter(rows=len(rows), prompts=len({r["id"] for r in rows}))
-        for r in rows:
+    first_of: dict = {}  # chat-template hash -> where it first occurs
+
+    def count(path, rows):
+        c, ids = Counter(), set()
+        for i, r in enumerate(rows, start=1):
+            first_of.setdefault(r.get("chat_template_sha256"), f"{path}:{i}")
+            c["rows"] += 1
+            ids.add(r["id"])
             turns = r.get("turns") or [{}]
             c["turns"] += len(turns)
             c["truncated"] += r.get("finish_reason") == "length"
@@ -662,13 +662,13 @@ def completion_stats(shards: dict[str, list[dict]]) -> dict:
             c["truncated_in_thinking"] += any(t.get("thinking_cut") for t in turns)
             mask = r["loss_mask"] if "loss_mask" in r else r.get("completion_token_ids")
             c["empty_loss_mask"] += not any(mask)
+        c["prompts"] = len(ids)
         return c
 
     keys = ("rows", "prompts", "turns", "truncated", "rows_with_thinking", "thinking_tokens", "truncated_in_thinking",
             "empty_loss_mask")
-    per = {path: count(rows) for path, rows in shards.items()}
+    per = {path: count(path, rows) for path, rows in shards.items()}
     total = sum(per.values(), Counter())
-    template = common_template([(f"{path}:{i}", r.get("chat_template_sha256"))
-                                for path, rows in shards.items() for i, r in enumerate(rows, start=1)])
+    template = common_template((where, sha) for sha, where in first_of.items())
     return {**{k: int(total[k]) for k in keys}, "chat_template_sha256": template,
             "per_shard": {path: {k: int(c[k]) for k in keys} for path, c in per.items()}}

@@ -197,7 +197,15 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     Raises:
         ValueError: naming the file and 1-based line number of a line that is not a JSON object.
     """
-    out = []
+    return [rec for _, rec in iter_jsonl(path)]
+
+
+def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
+    """``(line number, record)`` of each record of a JSONL artifact, one line in memory at a time.
+
+    Raises:
+        ValueError: as :func:`read_jsonl`.
+    """
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
@@ -208,8 +216,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
             if not isinstance(rec, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-            out.append(rec)
-    return out
+            yield lineno, rec
 
 
 def check_jsonl(path: str | os.PathLike) -> str | None:

@@ -11,20 +11,17 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
     start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 
     import pandas as pd
-    from transformers import AutoTokenizer
 
     from draftpipe.bench import benchmark
-    from draftpipe.chat import template_sha256, use_template
+    from draftpipe.chat import planned_template, verifier_tokenizer
     from draftpipe.completions import encode_prompt
     from draftpipe.io import atomic_path, read_jsonl, write_json
     from draftpipe.prompts import load_prompts
 
     p = snakemake.params
     s = p.settings
-    template = snakemake.config["verifier"]["chat_template_file"]
-    if template_sha256(template) != p.rendering["chat_template_sha256"]:
-        raise RuntimeError(f"verifier.chat_template_file: {template} changed after the workflow was planned")
-    tok = use_template(AutoTokenizer.from_pretrained(p.verifier), template)
+    tok = verifier_tokenizer(p.verifier, planned_template(snakemake.config["verifier"]["chat_template_file"],
+                                                         p.rendering["chat_template_sha256"]))
     limit = p.max_model_len - s["max_tokens"]
 
     def encode(records):

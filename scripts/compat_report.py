@@ -23,13 +23,11 @@ if __name__ == "__main__":
                 "an engine with the draft", unsupported, "run the live check (or bench_run) on a GPU")
         rep.live = {"skipped": unsupported}
     elif p.live and rep.ok:
-        from transformers import AutoTokenizer
-
+        from draftpipe.chat import planned_template, verifier_tokenizer
         from draftpipe.completions import encode_prompt
 
-        from draftpipe.chat import use_template
-
-        tok = use_template(AutoTokenizer.from_pretrained(p.verifier), snakemake.config["verifier"]["chat_template_file"])
+        tok = verifier_tokenizer(p.verifier, planned_template(snakemake.config["verifier"]["chat_template_file"],
+                                                             p.rendering["chat_template_sha256"]))
         records = read_jsonl(snakemake.input.prompts)[: p.live_prompts]
         ids = [encode_prompt(tok, r["messages"], tools=r.get("tools"), template_kwargs=p.rendering["template_kwargs"])
                for r in records]

@@ -9,8 +9,9 @@ from draftpipe.runtime import start_job
 start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 
 from draftpipe.completions import completion_stats
-from draftpipe.io import read_jsonl, write_json
+from draftpipe.io import iter_jsonl, write_json
 
-stats = completion_stats({str(path): read_jsonl(path) for path in snakemake.input.completions})
+# streamed: one row in memory at a time, whatever the size of the completions
+stats = completion_stats({str(path): (row for _, row in iter_jsonl(path)) for path in snakemake.input.completions})
 write_json(snakemake.output.stats, stats)
 print({k: v for k, v in stats.items() if k != "per_shard"})

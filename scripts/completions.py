@@ -15,17 +15,14 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
     start_job(snakemake)  # ML environment, log, this job's GPUs and threads
 
     import draftpipe.completions as completions
-    from draftpipe.chat import template_sha256
+    from draftpipe.chat import planned_template
     from draftpipe.gates import check_truncated
     from draftpipe.io import check_jsonl, read_jsonl, write_jsonl
     from draftpipe.stage import STORE, code_digest, run_stage, stage_settings, stage_tasks
 
     p = snakemake.params
     s = p.sampling
-    template_file = snakemake.config["verifier"]["chat_template_file"]
-    if template_sha256(template_file) != p.chat_template_sha256:
-        raise RuntimeError(f"verifier.chat_template_file: {template_file} changed after the workflow was planned; "
-                           "run snakemake again")
+    template_file = planned_template(snakemake.config["verifier"]["chat_template_file"], p.chat_template_sha256)
 
     def compute(tasks):
         llm = completions.open_engine(p.verifier, dtype=p.dtype, max_model_len=p.max_model_len, seed=s["seed"],
