@@ -4,7 +4,7 @@ import sys
 
 sys.path.insert(0, workflow.basedir)
 
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.0")
 
@@ -15,10 +15,10 @@ configfile: "config.yaml"
 from draftpipe.config import ConfigError, validate_config
 
 try:
-    validate_config(config)  # names the key of the first error, e.g. `completions.temprature: unknown key ...`
+    # names the key of the first error, e.g. `completions.temprature: unknown key ...`, then fills in the defaults
+    validate_config(config)
 except ConfigError as exc:
     raise WorkflowError(f"config error: {exc}")
-validate(config, "draftpipe/config.schema.yaml")  # fills in the schema's defaults
 
 
 include: "rules/common.smk"

@@ -74,8 +74,24 @@ def run(data, work: Path, epochs: int, ranks: int, per_step: int, threads: int, 
     verifier, shards, maps = data
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads)}
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-c", TRAIN, verifier, maps, str(work), str(epochs), str(ranks), str(per_step),
-                    str(threads), "1" if fsdp else "0", *shards], env=env, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            TRAIN,
+            verifier,
+            maps,
+            str(work),
+            str(epochs),
+            str(ranks),
+            str(per_step),
+            str(threads),
+            "1" if fsdp else "0",
+            *shards,
+        ],
+        env=env,
+        check=True,
+    )
     return time.monotonic() - t0
 
 
@@ -96,12 +112,17 @@ def main() -> None:
             full = run(data, tmp / f"w{ranks}_n", args.epochs, ranks, args.ranks, args.threads, args.fsdp)
             per_epoch = (full - short) / (args.epochs - 1)
             results[ranks] = {"wall_s": full, "epoch_s": per_epoch}
-            print(f"{ranks} rank(s){' (FSDP)' if args.fsdp and ranks > 1 else ''}: {full:.1f} s for "
-                  f"{args.epochs} epochs, {per_epoch:.2f} s per epoch after the first "
-                  f"(1-epoch run: {short:.1f} s)", flush=True)
+            print(
+                f"{ranks} rank(s){' (FSDP)' if args.fsdp and ranks > 1 else ''}: {full:.1f} s for "
+                f"{args.epochs} epochs, {per_epoch:.2f} s per epoch after the first "
+                f"(1-epoch run: {short:.1f} s)",
+                flush=True,
+            )
         one, many = results[1]["epoch_s"], results[args.ranks]["epoch_s"]
-        print(f"time per epoch, {args.ranks} ranks / 1 rank: {many / one:.2f} "
-              f"(whole run: {results[args.ranks]['wall_s'] / results[1]['wall_s']:.2f})")
+        print(
+            f"time per epoch, {args.ranks} ranks / 1 rank: {many / one:.2f} "
+            f"(whole run: {results[args.ranks]['wall_s'] / results[1]['wall_s']:.2f})"
+        )
 
 
 if __name__ == "__main__":

@@ -64,8 +64,10 @@ def _phase(name: str, verifier: str, rows_file: str, aux: list[int]) -> dict:
 
     rows = read_jsonl(rows_file)
     # the warm-up pass runs other token sequences (reversed), so the timed pass finds nothing in the prefix cache
-    warm = [{"prompt_token_ids": r["completion_token_ids"][::-1], "completion_token_ids": r["prompt_token_ids"][::-1]}
-            for r in rows[:8]]
+    warm = [
+        {"prompt_token_ids": r["completion_token_ids"][::-1], "completion_token_ids": r["prompt_token_ids"][::-1]}
+        for r in rows[:8]
+    ]
     seqs = [r["prompt_token_ids"] + r["completion_token_ids"] for r in rows]
     tokens = sum(map(len, seqs))
     num_layers = json.loads((Path(verifier) / "config.json").read_text())
@@ -81,29 +83,50 @@ def _phase(name: str, verifier: str, rows_file: str, aux: list[int]) -> dict:
         run = lambda rows: [build_sample(model, r, aux, num_layers, max_len, torch.bfloat16) for r in rows]  # noqa: E731
     elif name == "extract":
         requests = Path(tempfile.mkdtemp(prefix="draftpipe-bench-"))
-        llm = ex.open_extractor(verifier, layer_ids=ex.engine_layer_ids(aux, num_layers), dtype="float32",
-                                max_len=max_len, seed=0, request_dir=requests,
-                                engine={"max_num_batched_tokens": BATCHED_TOKENS})
+        llm = ex.open_extractor(
+            verifier,
+            layer_ids=ex.engine_layer_ids(aux, num_layers),
+            dtype="float32",
+            max_len=max_len,
+            seed=0,
+            request_dir=requests,
+            engine={"max_num_batched_tokens": BATCHED_TOKENS},
+        )
         result["start_s"] = time.perf_counter() - t0
         hidden = json.loads((Path(verifier) / "config.json").read_text())
         hidden = hidden.get("text_config", hidden)["hidden_size"]
         # a request file holds float32 states of every captured id and an int64 token id per token
         result["file_bytes_per_token"] = len(ex.engine_layer_ids(aux, num_layers)) * hidden * 4 + 8
-        run = lambda rows: ex.build_samples(llm, rows, aux_ids=aux, num_layers=num_layers, max_len=max_len,  # noqa: E731
-                                            dtype=torch.bfloat16, request_dir=requests)
+        run = lambda rows: ex.build_samples(
+            llm,
+            rows,
+            aux_ids=aux,
+            num_layers=num_layers,
+            max_len=max_len,  # noqa: E731
+            dtype=torch.bfloat16,
+            request_dir=requests,
+        )
     else:
         from vllm import LLM, SamplingParams
 
         from draftpipe.completions import engine_kwargs
 
-        llm = LLM(**engine_kwargs(verifier, dtype="float32", max_model_len=max_len + 1, seed=0,
-                                  extra={"enable_prefix_caching": True,
-                                         "max_num_batched_tokens": BATCHED_TOKENS}))
+        llm = LLM(
+            **engine_kwargs(
+                verifier,
+                dtype="float32",
+                max_model_len=max_len + 1,
+                seed=0,
+                extra={"enable_prefix_caching": True, "max_num_batched_tokens": BATCHED_TOKENS},
+            )
+        )
         result["start_s"] = time.perf_counter() - t0
         params = SamplingParams(max_tokens=1, temperature=0.0)
         run = lambda rows: llm.generate(  # noqa: E731
-            [{"prompt_token_ids": r["prompt_token_ids"] + r["completion_token_ids"]} for r in rows], params,
-            use_tqdm=False)
+            [{"prompt_token_ids": r["prompt_token_ids"] + r["completion_token_ids"]} for r in rows],
+            params,
+            use_tqdm=False,
+        )
     run(warm)
     t0 = time.perf_counter()
     run(rows)
@@ -137,9 +160,25 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for phase in ("extract", "prefill", "transformers"):
             result = Path(tmp) / f"{phase}.json"
-            proc = subprocess.run([sys.executable, __file__, "--phase", phase, "--verifier", verifier,
-                                   "--rows-file", str(rows_file), "--result", str(result), "--aux", *map(str, args.aux)],
-                                  capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--phase",
+                    phase,
+                    "--verifier",
+                    verifier,
+                    "--rows-file",
+                    str(rows_file),
+                    "--result",
+                    str(result),
+                    "--aux",
+                    *map(str, args.aux),
+                ],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 return 1
@@ -147,10 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     e, p, t = results["extract"], results["prefill"], results["transformers"]
     print(f"{e['sequences']} sequences, {e['tokens']} tokens, aux ids {args.aux}")
     for name, r in results.items():
-        print(f"  {name:13s} start {r['start_s']:6.1f} s   pass {r['pass_s']:7.3f} s   {r['tokens_per_s']:10.0f} tokens/s")
-    print(f"extract / bare prefill: {e['tokens_per_s'] / p['tokens_per_s']:.2f}x   "
-          f"extract / transformers: {e['tokens_per_s'] / t['tokens_per_s']:.2f}x   "
-          f"request file bytes per token: {e['file_bytes_per_token']}")
+        print(
+            f"  {name:13s} start {r['start_s']:6.1f} s   pass {r['pass_s']:7.3f} s   {r['tokens_per_s']:10.0f} tokens/s"
+        )
+    print(
+        f"extract / bare prefill: {e['tokens_per_s'] / p['tokens_per_s']:.2f}x   "
+        f"extract / transformers: {e['tokens_per_s'] / t['tokens_per_s']:.2f}x   "
+        f"request file bytes per token: {e['file_bytes_per_token']}"
+    )
     return 0
 
 

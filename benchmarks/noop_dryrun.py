@@ -27,8 +27,9 @@ TARGET = "results/draft/model.safetensors"
 
 
 def smk(work: Path, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", *args], cwd=work,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1", *args], cwd=work, capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"snakemake {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return proc
@@ -41,9 +42,12 @@ def write_tiny_shard(path: Path) -> None:
     sys.path.insert(0, str(REPO))
     from draftpipe.hidden_states import write_shard
 
-    sample = {"input_ids": torch.arange(4), "loss_mask": torch.tensor([0, 1, 1, 1], dtype=torch.uint8),
-              "hidden_states": torch.zeros(4, 24, dtype=torch.bfloat16),
-              "verifier_last_hidden_states": torch.zeros(4, 8, dtype=torch.bfloat16)}
+    sample = {
+        "input_ids": torch.arange(4),
+        "loss_mask": torch.tensor([0, 1, 1, 1], dtype=torch.uint8),
+        "hidden_states": torch.zeros(4, 24, dtype=torch.bfloat16),
+        "verifier_last_hidden_states": torch.zeros(4, 8, dtype=torch.bfloat16),
+    }
     write_shard(str(path), [sample], {"aux_layer_ids": [1, 2, 4], "hidden_size": 8})
 
 
@@ -96,8 +100,14 @@ def main() -> None:
             results[n] = time_dry_run(work, args.repeat)
             print(f"{n:>6} shards: no-op dry run {results[n]:.2f} s (best of {args.repeat})", flush=True)
     lo, hi = min(args.shards), max(args.shards)
-    print(json.dumps({"seconds": {str(k): round(v, 3) for k, v in results.items()},
-                      f"ratio_{hi}_to_{lo}": round(results[hi] / results[lo], 2)}))
+    print(
+        json.dumps(
+            {
+                "seconds": {str(k): round(v, 3) for k, v in results.items()},
+                f"ratio_{hi}_to_{lo}": round(results[hi] / results[lo], 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -20,15 +20,175 @@ characters overlap the turn's span.
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from draftpipe.completions import ChatTemplateError
-from draftpipe.io import sha256_text
+from draftpipe.io import iter_jsonl, sha256_text
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
+
+
+CHAT_TEMPLATE_POLICIES = ("auto", "required")
+#: ``completions.reasoning``: thinking spans kept, stripped from the trained answers, or switched off
+REASONING = ("keep", "strip", "off")
+
+
+def template_hash(template: str | dict | list | None) -> str | None:
+    """The one SHA-256 of a chat template, whoever holds it: a template's text; a tokenizer's named templates
+    (``{name: text}``) or ``tokenizer_config.json``'s list of ``{"name", "template"}``, hashed as canonical JSON of
+    ``{name: text}``. None for no template (plain-text prompting).
+
+    Rows record it (``chat_template_sha256``), shards carry it, and a verifier's identity includes it, so the three
+    agree on what "the same template" means.
+    """
+    if not template:
+        return None
+    if isinstance(template, list):
+        template = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+    if isinstance(template, dict):
+        return sha256_text(json.dumps(template, sort_keys=True))
+    return sha256_text(template)
+
+
+class TemplateDriftError(ValueError):
+    """Rows (or hidden-state shards) rendered with different chat templates would be mixed in one training set; the
+    message names the files, lines and hashes."""
+
+
+def common_template(sources: list[tuple[str, str | None]]) -> str | None:
+    """The one chat-template SHA-256 of rows or shards that are trained on together.
+
+    Regeneration and training must see the same template (SpecForge #296: a drift between them trains the draft on
+    a rendering vLLM never serves, silently).
+
+    Args:
+        sources: ``(where, chat_template_sha256)`` per row or shard (``where`` like ``file:line``), any iterable;
+            None stands for plain-text rows (no template).
+
+    Returns:
+        The common hash (None when all are plain text or ``sources`` is empty).
+
+    Raises:
+        TemplateDriftError: two hashes differ; names the first place of each.
+    """
+    first: dict = {}
+    for where, sha in sources:
+        first.setdefault(sha, where)
+        if len(first) > 1:
+            (a, wa), (b, wb) = list(first.items())[:2]
+            raise TemplateDriftError(
+                f"{wb} was rendered with chat template {b or 'none (plain text)'}, but {wa} with "
+                f"{a or 'none (plain text)'}: rows of two chat templates cannot be trained on together; rerun the "
+                "completions of the stale part (snakemake plans them when the template changed)"
+            )
+    return next(iter(first), None)
+
+
+def row_templates(paths: list[str]):
+    """``(file:line, chat_template_sha256)`` of every row of completions files, read one line at a time (for
+    :func:`common_template` over shards too large to hold at once)."""
+    for path in paths:
+        for i, row in iter_jsonl(path):
+            yield f"{path}:{i}", row.get("chat_template_sha256")
+
+
+class ChatTemplateError(ValueError):
+    """``verifier.chat_template`` is ``required`` and the verifier's tokenizer has none; names the verifier."""
+
+
+def check_chat_template(tokenizer: Any, policy: str = "auto", verifier: str | None = None) -> bool:
+    """Whether prompts are rendered with the tokenizer's chat template (config ``verifier.chat_template``).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (only its ``chat_template`` and ``name_or_path`` attributes are read).
+        policy: ``"auto"``: use the template when the tokenizer has one, else plain text (see
+            :func:`encode_prompt`); ``"required"``: a tokenizer without a template is an error.
+        verifier: the verifier's name for the message (default: the tokenizer's ``name_or_path``).
+
+    Returns:
+        True when the tokenizer has a chat template, False when prompts are plain text.
+
+    Raises:
+        ChatTemplateError: ``policy`` is ``"required"`` and the tokenizer has no chat template.
+        ValueError: ``policy`` is not one of :data:`CHAT_TEMPLATE_POLICIES`.
+    """
+    if policy not in CHAT_TEMPLATE_POLICIES:
+        raise ValueError(f"verifier.chat_template: unknown value {policy!r} (use auto or required)")
+    has = bool(getattr(tokenizer, "chat_template", None))
+    if policy == "required" and not has:
+        name = verifier if verifier is not None else getattr(tokenizer, "name_or_path", None) or "?"
+        raise ChatTemplateError(
+            f"verifier.chat_template: 'required', but the tokenizer of the verifier {name} has no chat template"
+        )
+    return has
+
+
+def encode_prompt(
+    tokenizer: Any,
+    messages: list[dict],
+    *,
+    chat_template: str = "auto",
+    tools: list | None = None,
+    template_kwargs: dict | None = None,
+) -> list[int]:
+    """Token ids of a chat prompt as the verifier sees it.
+
+    With a chat template: ``apply_chat_template(messages, add_generation_prompt=True)``. Without one (a base
+    model such as stories260K) the last user message is the raw prompt, tokenized with the tokenizer's special
+    tokens (BOS). A base model has no notion of turns, so a system message and earlier turns of a multi-turn prompt
+    are left out rather than rejected (every ShareGPT-style source would be unusable otherwise);
+    :func:`prepare_prompts` counts such prompts as ``last_user_turn_only``. Set ``chat_template="required"`` to
+    refuse a verifier without a template instead.
+
+    Args:
+        tokenizer: the verifier's Hugging Face tokenizer.
+        messages: ``[{"role", "content"}, ...]`` ending in a user turn (a prompt record's ``messages``).
+        chat_template: ``"auto"`` or ``"required"``, see :func:`check_chat_template`.
+        tools, template_kwargs: the record's tool definitions and extra template variables
+            (:func:`template_kwargs`).
+
+    Returns:
+        list of int token ids.
+
+    Raises:
+        ChatTemplateError: ``chat_template="required"`` and the tokenizer has no chat template.
+        ValueError: ``messages`` has no user turn (and the tokenizer no chat template).
+    """
+    if check_chat_template(tokenizer, chat_template):
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False, **dict(template_kwargs or {})
+        )
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(last_user_message(messages), add_special_tokens=True)["input_ids"])
+
+
+def last_user_message(messages: list[dict]) -> str:
+    """The content of the last user turn: the raw prompt of a verifier without a chat template.
+
+    Raises:
+        ValueError: ``messages`` has no user turn.
+    """
+    for msg in reversed(messages):
+        if msg.get("role") == "user":
+            return msg["content"]
+    raise ValueError(
+        f"a prompt with no user turn ({len(messages)} messages) cannot be sent to a verifier without a chat template"
+    )
+
+
+def template_kwargs(reasoning: str) -> dict:
+    """Chat-template variables for ``completions.reasoning``: ``off`` passes the template's thinking switch
+    (``enable_thinking=False``, Qwen3's and the package's tiny template's name for it).
+
+    Raises:
+        ValueError: ``reasoning`` is not one of :data:`REASONING`.
+    """
+    if reasoning not in REASONING:
+        raise ValueError(f"completions.reasoning: unknown value {reasoning!r} (use keep, strip or off)")
+    return {"enable_thinking": False} if reasoning == "off" else {}
 
 
 def tiny_chat_template() -> str:
@@ -55,15 +215,16 @@ def template_text(spec: str | None, field: str = "verifier.chat_template_file") 
         return PACKAGE_TEMPLATES[spec]()
     path = Path(spec)
     if not path.is_file():
-        raise FileNotFoundError(f"{field}: {spec} does not exist (a Jinja chat template file, or one of "
-                                f"{', '.join(sorted(PACKAGE_TEMPLATES))})")
+        raise FileNotFoundError(
+            f"{field}: {spec} does not exist (a Jinja chat template file, or one of "
+            f"{', '.join(sorted(PACKAGE_TEMPLATES))})"
+        )
     return path.read_text(encoding="utf-8")
 
 
 def template_sha256(spec: str | None) -> str | None:
-    """SHA-256 of :func:`template_text` (what :func:`draftpipe.completions.chat_template_hash` records), or None."""
-    text = template_text(spec)
-    return None if text is None else sha256_text(text)
+    """:func:`template_hash` of :func:`template_text`, or None."""
+    return template_hash(template_text(spec))
 
 
 def planned_template(spec: str | None, sha256: str | None) -> str | None:
@@ -74,8 +235,9 @@ def planned_template(spec: str | None, sha256: str | None) -> str | None:
         RuntimeError: the file changed after the workflow was parsed.
     """
     if template_sha256(spec) != sha256:
-        raise RuntimeError(f"verifier.chat_template_file: {spec} changed after the workflow was planned; run "
-                           "snakemake again")
+        raise RuntimeError(
+            f"verifier.chat_template_file: {spec} changed after the workflow was planned; run snakemake again"
+        )
     return spec
 
 
@@ -96,13 +258,19 @@ def use_template(tokenizer: Any, spec: str | None) -> Any:
 
 
 def _render(tokenizer: Any, messages: list[dict], *, generation_prompt: bool, tools, kwargs) -> str:
-    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                         add_generation_prompt=generation_prompt, **kwargs)
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt, **kwargs
+    )
 
 
-def assistant_spans(tokenizer: Any, messages: list[dict], *, tools: list[dict] | None = None,
-                    template_kwargs: dict | None = None,
-                    train: list[int] | None = None) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(
+    tokenizer: Any,
+    messages: list[dict],
+    *,
+    tools: list[dict] | None = None,
+    template_kwargs: dict | None = None,
+    train: list[int] | None = None,
+) -> tuple[str, list[tuple[int, int]]]:
     """The conversation rendered by the tokenizer's chat template, and the character span ``[start, end)`` of
     each assistant turn in it (see the module docstring).
 
@@ -122,8 +290,9 @@ def assistant_spans(tokenizer: Any, messages: list[dict], *, tools: list[dict] |
             assistant turn is not a prefix of the next one (names the message index and role).
     """
     if not getattr(tokenizer, "chat_template", None):
-        raise ChatTemplateError(f"the tokenizer {getattr(tokenizer, 'name_or_path', '?')} has no chat template: a "
-                                "conversation needs one")
+        raise ChatTemplateError(
+            f"the tokenizer {getattr(tokenizer, 'name_or_path', '?')} has no chat template: a conversation needs one"
+        )
     kw = dict(template_kwargs or {})
     text = _render(tokenizer, messages, generation_prompt=False, tools=tools, kwargs=kw)
     spans = []
@@ -131,21 +300,27 @@ def assistant_spans(tokenizer: Any, messages: list[dict], *, tools: list[dict] |
         if msg.get("role") != "assistant" or (train is not None and i not in train):
             continue
         before = _render(tokenizer, messages[:i], generation_prompt=True, tools=tools, kwargs=kw) if i else ""
-        upto = _render(tokenizer, messages[:i + 1], generation_prompt=False, tools=tools, kwargs=kw)
+        upto = _render(tokenizer, messages[: i + 1], generation_prompt=False, tools=tools, kwargs=kw)
         if not upto.startswith(before) or not text.startswith(upto):
             which = "the generation prompt before it" if not upto.startswith(before) else "the whole conversation"
             raise ChatTemplateError(
                 f"message {i} (assistant): the chat template renders the conversation up to this turn so that it is "
                 f"not a prefix of {which} (the template rewrites earlier turns, e.g. drops their thinking), so the "
-                "assistant tokens cannot be told apart; use a template with {% generation %} blocks")
-        end = len(before) + len(upto[len(before):].rstrip())
+                "assistant tokens cannot be told apart; use a template with {% generation %} blocks"
+            )
+        end = len(before) + len(upto[len(before) :].rstrip())
         spans.append((len(before), end))
     return text, spans
 
 
-def render_conversation(tokenizer: Any, messages: list[dict], *, tools: list[dict] | None = None,
-                        template_kwargs: dict | None = None,
-                        train: list[int] | None = None) -> tuple[list[int], list[int]]:
+def render_conversation(
+    tokenizer: Any,
+    messages: list[dict],
+    *,
+    tools: list[dict] | None = None,
+    template_kwargs: dict | None = None,
+    train: list[int] | None = None,
+) -> tuple[list[int], list[int]]:
     """Token ids of a whole conversation as the verifier's chat template renders it, and its loss mask.
 
     Args:
@@ -163,16 +338,24 @@ def render_conversation(tokenizer: Any, messages: list[dict], *, tools: list[dic
     """
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
     if "{% generation %}" in template or "{%- generation %}" in template:
-        out = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
-                                            return_assistant_tokens_mask=True, **dict(template_kwargs or {}))
+        out = tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+            **dict(template_kwargs or {}),
+        )
         mask = [int(m) for m in out["assistant_masks"]]
         assistants = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
         if train is not None and set(assistants) - set(train):
             # one {% generation %} run per assistant message, in order: zero the runs of the untrained ones
             runs = [t for t in range(len(mask)) if mask[t] and (t == 0 or not mask[t - 1])]
             if len(runs) != len(assistants):
-                raise ChatTemplateError(f"the chat template's {{% generation %}} blocks mark {len(runs)} runs for "
-                                        f"{len(assistants)} assistant messages: the untrained ones cannot be masked")
+                raise ChatTemplateError(
+                    f"the chat template's {{% generation %}} blocks mark {len(runs)} runs for "
+                    f"{len(assistants)} assistant messages: the untrained ones cannot be masked"
+                )
             for start, i in zip(runs, assistants):
                 if i not in train:
                     t = start
@@ -181,8 +364,10 @@ def render_conversation(tokenizer: Any, messages: list[dict], *, tools: list[dic
                         t += 1
         return list(out["input_ids"]), mask
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(f"the tokenizer {getattr(tokenizer, 'name_or_path', '?')} is not a fast tokenizer: its "
-                         "tokens cannot be mapped to the template's assistant spans")
+        raise ValueError(
+            f"the tokenizer {getattr(tokenizer, 'name_or_path', '?')} is not a fast tokenizer: its "
+            "tokens cannot be mapped to the template's assistant spans"
+        )
     text, spans = assistant_spans(tokenizer, messages, tools=tools, template_kwargs=template_kwargs, train=train)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     mask = []
@@ -205,5 +390,5 @@ def split_thinking(text: str, open_tag: str = THINK_OPEN, close_tag: str = THINK
         return None, text, False
     end = text.find(close_tag, start + len(open_tag))
     if end < 0:
-        return text[start + len(open_tag):], text[:start], True
-    return text[start + len(open_tag):end], text[:start] + text[end + len(close_tag):], False
+        return text[start + len(open_tag) :], text[:start], True
+    return text[start + len(open_tag) : end], text[:start] + text[end + len(close_tag) :], False

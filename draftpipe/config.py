@@ -8,12 +8,17 @@ exist, aux layer ids outside the verifier's depth, a draft vocabulary larger tha
 
 from __future__ import annotations
 
-import hashlib
+import copy
 import json
 from pathlib import Path
 from typing import Any
 
+from draftpipe.chat import PACKAGE_TEMPLATES, template_hash
 from draftpipe.hidden_states import resolve_aux_layer_ids
+from draftpipe.io import cached_sha256, cached_sha256s
+from draftpipe.layout import DIGEST_CACHE
+from draftpipe.ranks import draft_world_size
+from draftpipe.verifier import load_verifier_config
 
 
 class ConfigError(ValueError):
@@ -43,8 +48,24 @@ def _schema_message(error) -> str:
     return f"{_field(where)}: {error.message}"
 
 
-def validate_config(config: dict, schema: str | Path = SCHEMA) -> None:
-    """Check ``config`` against the JSON schema (without filling defaults), naming the key of the first error.
+def fill_defaults(instance: Any, schema: dict) -> None:
+    """Set every key the config leaves out to its schema ``default`` (a copy), in place: an object's
+    ``properties`` first, then each present value's own (objects and the items of arrays), so a section defaulted to
+    ``{}`` gets its keys' defaults too. What Snakemake's ``snakemake.utils.validate(..., set_default=True)`` does."""
+    if isinstance(instance, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key not in instance and "default" in sub:
+                instance[key] = copy.deepcopy(sub["default"])
+            if key in instance and isinstance(sub, dict):
+                fill_defaults(instance[key], sub)
+    elif isinstance(instance, list) and isinstance(schema.get("items"), dict):
+        for item in instance:
+            fill_defaults(item, schema["items"])
+
+
+def validate_config(config: dict, schema: str | Path = SCHEMA, *, defaults: bool = True) -> None:
+    """Check ``config`` against the JSON schema, naming the key of the first error, then fill in the schema's
+    defaults (:func:`fill_defaults`; the one validation the workflow runs).
 
     The one value it rewrites: ``completions.reasoning: off`` unquoted, which YAML reads as ``false``, becomes
     ``"off"``.
@@ -54,6 +75,7 @@ def validate_config(config: dict, schema: str | Path = SCHEMA) -> None:
     Args:
         config: the parsed config.yaml.
         schema: the schema file (default: ``draftpipe/config.schema.yaml``).
+        defaults: fill in the defaults of the keys ``config`` leaves out.
 
     Raises:
         ConfigError: ``section.key: <what is wrong>``, e.g. ``completions.too_long: 'chop' is not one of ['drop',
@@ -70,6 +92,8 @@ def validate_config(config: dict, schema: str | Path = SCHEMA) -> None:
     errors = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
         raise ConfigError(_schema_message(errors[0]))
+    if defaults:
+        fill_defaults(config, spec)
 
 
 def gguf_shape(path: str) -> dict:
@@ -82,45 +106,58 @@ def gguf_shape(path: str) -> dict:
     num_layers = int(fld.parts[fld.data[0]][0])
     tokens = reader.fields["tokenizer.ggml.tokens"]
     emb = reader.fields[f"{arch}.embedding_length"]
-    return {"num_hidden_layers": num_layers, "vocab_size": len(tokens.data), "hidden_size": int(emb.parts[emb.data[0]][0])}
+    return {
+        "num_hidden_layers": num_layers,
+        "vocab_size": len(tokens.data),
+        "hidden_size": int(emb.parts[emb.data[0]][0]),
+    }
 
 
 def verifier_shape(resolved: dict) -> dict:
     """``num_hidden_layers`` and ``vocab_size`` of a resolved verifier (see ``verifier.resolve_verifier``)."""
     if resolved["kind"] == "gguf":
         return gguf_shape(resolved["path"])
-    cfg_path = resolved.get("config_path") or str(Path(resolved["path"]) / "config.json")
-    cfg = json.loads(Path(cfg_path).read_text())
-    cfg = cfg.get("text_config", cfg)
-    return {"num_hidden_layers": int(cfg["num_hidden_layers"]), "vocab_size": int(cfg["vocab_size"]),
-            "hidden_size": int(cfg["hidden_size"])}
+    cfg = load_verifier_config(resolved.get("config_path") or resolved["path"], text=True)
+    return {
+        "num_hidden_layers": int(cfg["num_hidden_layers"]),
+        "vocab_size": int(cfg["vocab_size"]),
+        "hidden_size": int(cfg["hidden_size"]),
+    }
 
 
 #: Files of a Hugging Face model directory that shape what the verifier generates and how its text is tokenized.
-IDENTITY_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                  "tokenizer.model", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
-                  "chat_template.jinja", "chat_template.json")
+IDENTITY_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 #: Suffixes of weight files (top level of the directory).
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 #: Where file digests are remembered between parses of the workflow (relative to the working directory).
-DIGEST_CACHE = ".snakemake/draftpipe/file_hashes.json"
 
 
 def chat_template_sha256(model_dir: str | Path) -> str | None:
-    """SHA-256 of a model directory's chat template: ``chat_template.jinja``, else ``chat_template.json``'s or
-    ``tokenizer_config.json``'s ``chat_template`` value (a string, or a list of named templates, hashed as
-    canonical JSON). None when the directory has none. transformers reads them in that order."""
+    """:func:`draftpipe.chat.template_hash` of a model directory's chat template: ``chat_template.jinja``, else
+    ``chat_template.json``'s or ``tokenizer_config.json``'s ``chat_template`` value (a string, or a list of named
+    templates). None when the directory has none. transformers reads them in that order."""
     d = Path(model_dir)
     if (d / "chat_template.jinja").is_file():
-        return hashlib.sha256((d / "chat_template.jinja").read_bytes()).hexdigest()
+        return template_hash((d / "chat_template.jinja").read_bytes().decode("utf-8"))
     for name in ("chat_template.json", "tokenizer_config.json"):
         try:
             value = json.loads((d / name).read_text(encoding="utf-8")).get("chat_template")
         except (OSError, ValueError, AttributeError):
             continue
         if value:
-            text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-            return hashlib.sha256(text.encode("utf-8")).hexdigest()
+            return template_hash(value)
     return None
 
 
@@ -131,14 +168,17 @@ def model_dir_identity(model_dir: str | Path, cache_file: str | Path | None = DI
     Digests come from :func:`draftpipe.io.cached_sha256`: free for a hub-cache snapshot (blob names), read once per
     file version otherwise (the cache is read and written once). Returns ``{"files": {name: sha256}, "chat_template_sha256": str | None}``.
     """
-    from draftpipe.io import cached_sha256s
-
     d = Path(model_dir)
     names = [n for n in IDENTITY_FILES if (d / n).is_file()]
-    names += sorted(p.name for p in d.iterdir() if p.is_file() and (p.name.endswith(WEIGHT_SUFFIXES)
-                                                                  or p.name.endswith(".index.json")))
-    return {"files": dict(zip(names, cached_sha256s([d / n for n in names], cache_file))),
-            "chat_template_sha256": chat_template_sha256(d)}
+    names += sorted(
+        p.name
+        for p in d.iterdir()
+        if p.is_file() and (p.name.endswith(WEIGHT_SUFFIXES) or p.name.endswith(".index.json"))
+    )
+    return {
+        "files": dict(zip(names, cached_sha256s([d / n for n in names], cache_file))),
+        "chat_template_sha256": chat_template_sha256(d),
+    }
 
 
 def verifier_identity(resolved: dict, config: dict, cache_file: str | Path | None = DIGEST_CACHE) -> dict:
@@ -155,12 +195,13 @@ def verifier_identity(resolved: dict, config: dict, cache_file: str | Path | Non
     Raises:
         OSError: a file of the verifier cannot be read.
     """
-    from draftpipe.io import cached_sha256
-
     v = config["verifier"]
     if resolved["kind"] == "gguf":
-        return {"gguf_sha256": cached_sha256(resolved["path"], cache_file), "head_dim": v.get("gguf_head_dim"),
-                "max_position_embeddings": v.get("gguf_max_position_embeddings")}
+        return {
+            "gguf_sha256": cached_sha256(resolved["path"], cache_file),
+            "head_dim": v.get("gguf_head_dim"),
+            "max_position_embeddings": v.get("gguf_max_position_embeddings"),
+        }
     if resolved["kind"] == "local":
         return {"path": str(resolved["path"]), **model_dir_identity(resolved["path"], cache_file)}
     out = {"hub_id": resolved["id"], "revision": v.get("revision")}
@@ -183,28 +224,30 @@ def check_config(config: dict, resolved: dict) -> dict[str, Any]:
     Raises:
         ConfigError: naming the key of the first wrong value.
     """
-    from draftpipe.ranks import draft_world_size
-
     job = (config.get("resources") or {}).get("draft") or {}
     if job.get("gpus") and job.get("ranks") and job["ranks"] > job["gpus"]:
-        raise ConfigError(f"resources.draft.ranks: {job['ranks']} ranks on a node, but the job holds "
-                          f"resources.draft.gpus: {job['gpus']} GPU(s) there: one rank per GPU (leave ranks unset)")
+        raise ConfigError(
+            f"resources.draft.ranks: {job['ranks']} ranks on a node, but the job holds "
+            f"resources.draft.gpus: {job['gpus']} GPU(s) there: one rank per GPU (leave ranks unset)"
+        )
     ranks = draft_world_size(job)
     per_step = (config.get("draft") or {}).get("batches_per_step", 1)
     if per_step % ranks:
-        raise ConfigError(f"draft.batches_per_step: {per_step} is not a multiple of the draft's {ranks} training ranks "
-                          "(resources.draft.nodes x resources.draft.ranks, or one per GPU of resources.draft.gpus): "
-                          "each step's packed batches are shared by the ranks")
+        raise ConfigError(
+            f"draft.batches_per_step: {per_step} is not a multiple of the draft's {ranks} training ranks "
+            "(resources.draft.nodes x resources.draft.ranks, or one per GPU of resources.draft.gpus): "
+            "each step's packed batches are shared by the ranks"
+        )
     for i, src in enumerate(config["prompts"]["sources"]):
         if not Path(src["path"]).is_file():
             raise ConfigError(f"prompts.sources[{i}].path: {src['path']} does not exist")
     template = (config.get("verifier") or {}).get("chat_template_file")
     if template is not None:
-        from draftpipe.chat import PACKAGE_TEMPLATES
-
         if template not in PACKAGE_TEMPLATES and not Path(template).is_file():
-            raise ConfigError(f"verifier.chat_template_file: {template} does not exist (a Jinja chat template file, "
-                              f"or one of {', '.join(sorted(PACKAGE_TEMPLATES))})")
+            raise ConfigError(
+                f"verifier.chat_template_file: {template} does not exist (a Jinja chat template file, "
+                f"or one of {', '.join(sorted(PACKAGE_TEMPLATES))})"
+            )
     for i, src in enumerate((config.get("bench") or {}).get("prompt_sets") or []):
         if not Path(src["path"]).is_file():
             raise ConfigError(f"bench.prompt_sets[{i}].path: {src['path']} does not exist")

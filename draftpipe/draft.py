@@ -40,9 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from draftpipe.chat import common_template
 from draftpipe.gates import check_finite_loss
 from draftpipe.hidden_states import iter_shard, read_shard_metadata
-from draftpipe.io import atomic_dir
+from draftpipe.io import atomic_dir, atomic_path, write_json
+from draftpipe.ranks import StepBatchSampler, check_batches_per_step, init_ranks, launch
+from draftpipe.vocab import read_maps
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +56,18 @@ STATE_FORMAT = "draftpipe.draft_training_state.v1"
 
 @dataclass
 class DraftSettings:
-    """Every knob that shapes the draft checkpoint (all reach the rule through ``params:``)."""
+    """Every knob that shapes the draft checkpoint (all reach the rule through ``params:``).
+
+    The defaults are the schema's (``draft`` in ``draftpipe/config.schema.yaml``, which fills them into the
+    workflow's config); ``tests/test_settings.py`` holds the two together."""
 
     num_layers: int = 1
     head_dim: int | None = None
     ttt_steps: int = 3
     ttt_step_loss_decay: float = 1.0
-    epochs: int = 3
-    lr: float = 1e-3
-    total_seq_len: int = 2048
+    epochs: int = 10
+    lr: float = 1e-4
+    total_seq_len: int = 8192
     seed: int = 0
     val_every: int = 10
     norm_before_residual: bool = True
@@ -93,12 +99,14 @@ def _dataset_class():
                     is_val = val_every > 1 and k % val_every == val_every - 1
                     k += 1
                     if is_val == (split == "val"):
-                        self.samples.append({
-                            "input_ids": sample["input_ids"].long(),
-                            "loss_mask": sample["loss_mask"].long(),
-                            "hidden_states": sample["hidden_states"],
-                            "verifier_last_hidden_states": sample["verifier_last_hidden_states"],
-                        })
+                        self.samples.append(
+                            {
+                                "input_ids": sample["input_ids"].long(),
+                                "loss_mask": sample["loss_mask"].long(),
+                                "hidden_states": sample["hidden_states"],
+                                "verifier_last_hidden_states": sample["verifier_last_hidden_states"],
+                            }
+                        )
             self._torch = torch
             super().__init__(max_len, hidden_states_dtype)
 
@@ -159,8 +167,9 @@ def clean_work_dir(work_dir: str | os.PathLike) -> list[Path]:
             continue
         if d.is_symlink():
             d.unlink()
-        elif d.is_dir() and (_CHECKPOINT_NAME.fullmatch(d.name)
-                             or (d.name.startswith(".") and (".tmp-" in d.name or ".old-" in d.name))):
+        elif d.is_dir() and (
+            _CHECKPOINT_NAME.fullmatch(d.name) or (d.name.startswith(".") and (".tmp-" in d.name or ".old-" in d.name))
+        ):
             shutil.rmtree(d)
         else:
             continue
@@ -175,9 +184,11 @@ def rng_state() -> dict:
     import torch
 
     name, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {"torch": torch.get_rng_state(),
-             "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
-             "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -296,8 +307,9 @@ def _trainer_class():
             if self.prev_path is not None:
                 self.state = torch.load(self.prev_path / TRAINING_STATE, map_location="cpu", weights_only=True)
                 if self.state.get("format") != STATE_FORMAT or self.state.get("epoch") != self.previous_epoch:
-                    raise ValueError(f"{self.prev_path / TRAINING_STATE}: not a {STATE_FORMAT} state of epoch "
-                                     f"{self.previous_epoch}")
+                    raise ValueError(
+                        f"{self.prev_path / TRAINING_STATE}: not a {STATE_FORMAT} state of epoch {self.previous_epoch}"
+                    )
 
         def _get_previous_epoch(self) -> int:
             found = latest_checkpoint(self.path)
@@ -308,15 +320,22 @@ def _trainer_class():
             are those the model was built with)."""
             if _is_fsdp(model):  # every rank loads the full state into its shards
                 missing, unexpected = set_model_state_dict(
-                    model, self.state["model"], options=StateDictOptions(full_state_dict=True, strict=False))
+                    model, self.state["model"], options=StateDictOptions(full_state_dict=True, strict=False)
+                )
             else:
                 missing, unexpected = model.load_state_dict(self.state["model"], strict=False)
             frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
             saved, saved_frozen = set(self.state["model"]), set(self.state["frozen"])
-            if (unexpected or not set(missing) <= frozen or saved_frozen != frozen
-                    or saved | saved_frozen != set(model.state_dict())):
-                raise ValueError(f"{self.prev_path / TRAINING_STATE} does not fit the draft: missing {missing}, "
-                                 f"unexpected {unexpected}")
+            if (
+                unexpected
+                or not set(missing) <= frozen
+                or saved_frozen != frozen
+                or saved | saved_frozen != set(model.state_dict())
+            ):
+                raise ValueError(
+                    f"{self.prev_path / TRAINING_STATE} does not fit the draft: missing {missing}, "
+                    f"unexpected {unexpected}"
+                )
 
         def load_optimizer_state_dict(self, model, optimizer, float_dtype=None):
             """Restore the optimizer states (moments and step counts) exactly. They are saved keyed by parameter
@@ -331,7 +350,9 @@ def _trainer_class():
             for opt in optimizers:  # the saved groups carry the scheduler's initial_lr; the loader maps keys from
                 for group in opt.param_groups:  # the fresh optimizer's groups, so give them one too
                     group.setdefault("initial_lr", group["lr"])
-            set_optimizer_state_dict(model, optimizers, saved, options=StateDictOptions(full_state_dict=_is_fsdp(model)))
+            set_optimizer_state_dict(
+                model, optimizers, saved, options=StateDictOptions(full_state_dict=_is_fsdp(model))
+            )
 
         def load_scheduler_state_dict(self, scheduler):
             """Restore the learning-rate schedulers and the learning rate they set."""
@@ -364,8 +385,11 @@ def _trainer_class():
 
         def _load_training_state(self) -> dict:
             state = self.checkpointer.state
-            return {"epoch": state["epoch"], "local_step": state.get("local_step", 0),
-                    "global_step": state["global_step"]}
+            return {
+                "epoch": state["epoch"],
+                "local_step": state.get("local_step", 0),
+                "global_step": state["global_step"],
+            }
 
         def maybe_save_checkpoint(self, epoch, local_step: int = 0):
             """speculators' train loop calls this every ``1/checkpoints_per_epoch`` of an epoch: save a mid-epoch
@@ -396,20 +420,23 @@ def _trainer_class():
                 frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
                 model.save_pretrained(tmp, state_dict=convert_float_dtype(state_dict, torch.bfloat16))
                 patch_config_dtype(tmp / "config.json", torch.bfloat16)
-                torch.save({
-                    "format": STATE_FORMAT,
-                    "epoch": epoch,
-                    "local_step": local_step,
-                    "global_step": self.global_step,
-                    "model": {k: v.detach().cpu() for k, v in state_dict.items() if k not in frozen},
-                    "frozen": sorted(frozen),
-                    "optimizers": optimizer_states,
-                    "schedulers": [sched.state_dict() for sched in self.schedulers],
-                    "rng": rank_rng[0],
-                    "rank_rng": rank_rng,
-                    # mid-epoch: the records of the epoch so far too
-                    "metrics": self.metric_records + list(self._collector.records),
-                }, tmp / TRAINING_STATE)
+                torch.save(
+                    {
+                        "format": STATE_FORMAT,
+                        "epoch": epoch,
+                        "local_step": local_step,
+                        "global_step": self.global_step,
+                        "model": {k: v.detach().cpu() for k, v in state_dict.items() if k not in frozen},
+                        "frozen": sorted(frozen),
+                        "optimizers": optimizer_states,
+                        "schedulers": [sched.state_dict() for sched in self.schedulers],
+                        "rng": rank_rng[0],
+                        "rank_rng": rank_rng,
+                        # mid-epoch: the records of the epoch so far too
+                        "metrics": self.metric_records + list(self._collector.records),
+                    },
+                    tmp / TRAINING_STATE,
+                )
             clean_work_dir(root)
             _barrier()
             log.info("saved epoch %d%s checkpoint %s", epoch, f" step {local_step}" if local_step else "", final)
@@ -419,8 +446,10 @@ def _trainer_class():
             return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
 
         def _to_device(self, batch):
-            return {k: v.to(self.local_rank, non_blocking=True) if isinstance(v, torch.Tensor) else v
-                    for k, v in batch.items()}
+            return {
+                k: v.to(self.local_rank, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                for k, v in batch.items()
+            }
 
         def _reduce(self, sums: dict) -> dict:
             """Sum the metric tensors over the ranks; ``x_sum / x_total`` pairs become ``x``."""
@@ -441,8 +470,7 @@ def _trainer_class():
             sampler.skip = skip
             if skip:
                 log.info("epoch %d: skipping the %d steps already trained", epoch, skip)
-            interval = (max(1, round(steps * self.config.checkpoint_freq)) if self.config.checkpoint_freq < 1
-                        else None)
+            interval = max(1, round(steps * self.config.checkpoint_freq)) if self.config.checkpoint_freq < 1 else None
             batches = iter(self.train_loader)
             call_kw = self.config.train_call_kwargs or {}
             for local_step in range(skip + 1, steps + 1):
@@ -467,11 +495,16 @@ def _trainer_class():
                 lr = self.optimizers[0].param_groups[0]["lr"]
                 self._optimizers_step()
                 self._schedulers_step()
-                metric_logger.info({"train": self._reduce(sums), "epoch": epoch, "lr": lr,
-                                    "global_step": self.global_step}, extra={"step": self.global_step})
+                metric_logger.info(
+                    {"train": self._reduce(sums), "epoch": epoch, "lr": lr, "global_step": self.global_step},
+                    extra={"step": self.global_step},
+                )
                 self.global_step += 1
-                if (interval is not None and local_step % interval == 0
-                        and steps - local_step >= interval * MIN_STEP_PCT):
+                if (
+                    interval is not None
+                    and local_step % interval == 0
+                    and steps - local_step >= interval * MIN_STEP_PCT
+                ):
                     self.maybe_save_checkpoint(epoch, local_step=local_step)
 
         @torch.no_grad()
@@ -504,9 +537,15 @@ def _trainer_class():
                 set_rng_state(ranks[_rank()] if len(ranks) == _world_size() else ranks[0])
                 self.metric_records = list(ckpt.state["metrics"])
                 step = ckpt.state.get("local_step", 0)
-                log.info("resuming from epoch %d%s checkpoint %s (global step %d, %d of %d epochs left)",
-                         ckpt.previous_epoch, f" step {step}" if step else "", ckpt.prev_path, self.global_step,
-                         n_epochs - self.current_epoch, n_epochs)
+                log.info(
+                    "resuming from epoch %d%s checkpoint %s (global step %d, %d of %d epochs left)",
+                    ckpt.previous_epoch,
+                    f" step {step}" if step else "",
+                    ckpt.prev_path,
+                    self.global_step,
+                    n_epochs - self.current_epoch,
+                    n_epochs,
+                )
             else:
                 log.info("no checkpoint in %s; training %d epochs from the start", ckpt.path, n_epochs)
             collector = self._collector = _MetricsCollector()
@@ -572,7 +611,9 @@ def epoch_metrics(records: list[dict]) -> list[dict]:
     return out
 
 
-def build_draft(verifier_dir: str, aux_ids: list[int], d2t, t2d, draft_vocab_size: int, s: DraftSettings, attn_impl: str):
+def build_draft(
+    verifier_dir: str, aux_ids: list[int], d2t, t2d, draft_vocab_size: int, s: DraftSettings, attn_impl: str
+):
     """Build an untrained ``Eagle3DraftModel`` for the verifier (speculators' ``from_training_args``).
 
     Raises:
@@ -594,17 +635,32 @@ def build_draft(verifier_dir: str, aux_ids: list[int], d2t, t2d, draft_vocab_siz
     if s.head_dim:
         layer_cfg.head_dim = s.head_dim
     return Eagle3DraftModel.from_training_args(
-        verifier_config=layer_cfg, t2d=t2d, d2t=d2t,
-        target_layer_ids=list(aux_ids), verifier_name_or_path=verifier_dir,
-        draft_attn_impl=attn_impl, draft_vocab_size=draft_vocab_size,
-        norm_before_residual=s.norm_before_residual, norm_before_fc=s.norm_before_fc,
-        norm_output=s.norm_output, ttt_steps=s.ttt_steps,
+        verifier_config=layer_cfg,
+        t2d=t2d,
+        d2t=d2t,
+        target_layer_ids=list(aux_ids),
+        verifier_name_or_path=verifier_dir,
+        draft_attn_impl=attn_impl,
+        draft_vocab_size=draft_vocab_size,
+        norm_before_residual=s.norm_before_residual,
+        norm_before_fc=s.norm_before_fc,
+        norm_output=s.norm_output,
+        ttt_steps=s.ttt_steps,
     )
 
 
-def train_draft(verifier_dir: str, shards: list[str], vocab_maps: str, work_dir: str, s: DraftSettings,
-                checkpoints_per_epoch: int = 1, ranks: int = 1, threads: int | None = None,
-                fsdp: bool = False, nodes: int = 1) -> tuple[Path, list[dict]]:
+def train_draft(
+    verifier_dir: str,
+    shards: list[str],
+    vocab_maps: str,
+    work_dir: str,
+    s: DraftSettings,
+    checkpoints_per_epoch: int = 1,
+    ranks: int = 1,
+    threads: int | None = None,
+    fsdp: bool = False,
+    nodes: int = 1,
+) -> tuple[Path, list[dict]]:
     """Train the draft; return the directory of the final epoch's checkpoint and the per-epoch metrics.
 
     Training state lives in ``work_dir``: one exact checkpoint, ``<epoch>/`` at the end of an epoch or
@@ -629,25 +685,34 @@ def train_draft(verifier_dir: str, shards: list[str], vocab_maps: str, work_dir:
     """
     import torch
 
-    from draftpipe.ranks import check_batches_per_step, init_ranks, launch
-
     world = max(1, ranks) * max(1, nodes)
     check_batches_per_step(s.batches_per_step, world)  # before any rank starts
     if world > 1 and "LOCAL_RANK" not in os.environ:
         from dataclasses import asdict
 
         Path(work_dir).mkdir(parents=True, exist_ok=True)
-        launch(ranks, {"verifier_dir": str(verifier_dir), "shards": [str(p) for p in shards],
-                       "vocab_maps": str(vocab_maps), "work_dir": str(work_dir), "s": asdict(s),
-                       "checkpoints_per_epoch": checkpoints_per_epoch, "fsdp": fsdp},
-               Path(str(work_dir) + ".launch.json"), threads, nodes)
+        launch(
+            ranks,
+            {
+                "entry": f"{__name__}:train_rank",
+                "verifier_dir": str(verifier_dir),
+                "shards": [str(p) for p in shards],
+                "vocab_maps": str(vocab_maps),
+                "work_dir": str(work_dir),
+                "s": asdict(s),
+                "checkpoints_per_epoch": checkpoints_per_epoch,
+                "fsdp": fsdp,
+            },
+            Path(str(work_dir) + ".launch.json"),
+            threads,
+            nodes,
+        )
         final = Path(work_dir) / str(s.epochs - 1)
         state = torch.load(final / TRAINING_STATE, map_location="cpu", weights_only=True)
         return final, epoch_metrics(state["metrics"])
     distributed = init_ranks()
     try:
-        return _train_here(verifier_dir, shards, vocab_maps, work_dir, s, checkpoints_per_epoch,
-                           fsdp and distributed)
+        return _train_here(verifier_dir, shards, vocab_maps, work_dir, s, checkpoints_per_epoch, fsdp and distributed)
     finally:
         if distributed:
             import torch.distributed as dist
@@ -655,8 +720,15 @@ def train_draft(verifier_dir: str, shards: list[str], vocab_maps: str, work_dir:
             dist.destroy_process_group()
 
 
-def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, checkpoints_per_epoch: int,
-                fsdp: bool = False):
+def train_rank(spec: dict) -> None:
+    """One torchrun rank of :func:`train_draft` (the ``entry`` of its launch spec, :func:`draftpipe.ranks.main`):
+    ``spec`` holds train_draft's arguments, the settings ``s`` as a dict."""
+    train_draft(**{**spec, "s": DraftSettings(**spec["s"])})
+
+
+def _train_here(
+    verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, checkpoints_per_epoch: int, fsdp: bool = False
+):
     """:func:`train_draft` in this process (one rank, or one of several under torchrun)."""
     import torch
     from speculators.losses import resolve_loss_config
@@ -664,10 +736,6 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
     from speculators.train.data import CollateFn
     from speculators.train.trainer import TrainerConfig
     from torch.utils.data import DataLoader
-
-    from draftpipe.completions import common_template
-    from draftpipe.ranks import StepBatchSampler
-    from draftpipe.vocab import read_maps
 
     metas = [read_shard_metadata(p) for p in shards]
     aux_ids = metas[0]["aux_layer_ids"]
@@ -694,20 +762,37 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
     def loader(ds):
         # speculators' collation; the batches of each step from StepBatchSampler (speculators' multipack packing)
         sampler = StepBatchSampler(ds.approx_lengths, s.total_seq_len, s.batches_per_step, rank, size, s.seed)
-        return DataLoader(ds, batch_sampler=sampler, num_workers=0, pin_memory=on_gpu,
-                          collate_fn=CollateFn(s.total_seq_len, hidden_size, num_target_layers=len(aux_ids),
-                                               dtype=hs_dtype, preprocess=shift_batch))
+        return DataLoader(
+            ds,
+            batch_sampler=sampler,
+            num_workers=0,
+            pin_memory=on_gpu,
+            collate_fn=CollateFn(
+                s.total_seq_len, hidden_size, num_target_layers=len(aux_ids), dtype=hs_dtype, preprocess=shift_batch
+            ),
+        )
 
     train_loader = loader(train_ds)
     val_loader = loader(val_ds) if len(val_ds) else None
-    call_kw = {"ttt_steps": s.ttt_steps, "ttt_step_loss_decay": s.ttt_step_loss_decay,
-               "loss_config": resolve_loss_config(s.loss_fn, loss_impl)}
-    cfg = TrainerConfig(lr=s.lr, num_epochs=s.epochs, save_path=str(work_dir), resume_from_checkpoint=True,
-                        train_call_kwargs=call_kw, val_call_kwargs=call_kw, scheduler_type=s.scheduler_type,
-                        # the schedule counts optimizer steps, not this rank's packed batches
-                        scheduler_total_steps=s.epochs * train_loader.batch_sampler.steps,
-                        hidden_states_dtype=hs_dtype, fsdp_shard=fsdp,
-                        checkpoint_freq=1 if checkpoints_per_epoch <= 1 else 1 / checkpoints_per_epoch)
+    call_kw = {
+        "ttt_steps": s.ttt_steps,
+        "ttt_step_loss_decay": s.ttt_step_loss_decay,
+        "loss_config": resolve_loss_config(s.loss_fn, loss_impl),
+    }
+    cfg = TrainerConfig(
+        lr=s.lr,
+        num_epochs=s.epochs,
+        save_path=str(work_dir),
+        resume_from_checkpoint=True,
+        train_call_kwargs=call_kw,
+        val_call_kwargs=call_kw,
+        scheduler_type=s.scheduler_type,
+        # the schedule counts optimizer steps, not this rank's packed batches
+        scheduler_total_steps=s.epochs * train_loader.batch_sampler.steps,
+        hidden_states_dtype=hs_dtype,
+        fsdp_shard=fsdp,
+        checkpoint_freq=1 if checkpoints_per_epoch <= 1 else 1 / checkpoints_per_epoch,
+    )
     trainer = _trainer_class()(model, cfg, train_loader, val_loader)
     trainer.run_training()
     return Path(work_dir) / str(s.epochs - 1), epoch_metrics(trainer.metric_records)
@@ -733,8 +818,6 @@ def finalize_config(config: dict, aux_ids: list[int], verifier: str) -> dict:
 
 def export_draft(checkpoint_dir: Path, out_model: str, out_config: str, aux_ids: list[int], verifier: str) -> None:
     """Copy a trained checkpoint's weights and its finalized config to the draft artifacts, atomically."""
-    from draftpipe.io import atomic_path, write_json
-
     config = json.loads((checkpoint_dir / "config.json").read_text())
     with atomic_path(out_model) as tmp:
         shutil.copyfile(checkpoint_dir / "model.safetensors", tmp)
@@ -751,5 +834,6 @@ def metrics_frame(rows: list[dict]):
 def settings_from_params(params: dict[str, Any]) -> DraftSettings:
     """``DraftSettings`` from the rule's ``params.draft`` mapping (unknown keys go to ``extra``)."""
     known = {f for f in DraftSettings.__dataclass_fields__ if f != "extra"}
-    return DraftSettings(**{k: v for k, v in params.items() if k in known},
-                         extra={k: v for k, v in params.items() if k not in known})
+    return DraftSettings(
+        **{k: v for k, v in params.items() if k in known}, extra={k: v for k, v in params.items() if k not in known}
+    )

@@ -28,10 +28,16 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
+from draftpipe.engine import engine_kwargs
+from draftpipe.hidden_states import sequence_and_mask
 from draftpipe.vllm_connector import CONNECTOR
+
+if TYPE_CHECKING:
+    import torch
 
 CONNECTOR_MODULE = "draftpipe.vllm_connector"
 REQUESTS_PREFIX = ".requests-"
@@ -65,12 +71,24 @@ def cache_bytes_per_token(aux_layers: int, hidden_size: int, dtype_bytes: int = 
 def kv_transfer_config(request_dir: str | os.PathLike) -> dict:
     """``kv_transfer_config`` for :class:`draftpipe.vllm_connector.DraftpipeHiddenStatesConnector` writing under
     ``request_dir``, with each request's own file name (``allow_custom_save_path``; the engine is ours alone)."""
-    return {"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": str(request_dir), "allow_custom_save_path": True}}
+    return {
+        "kv_connector": CONNECTOR,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(request_dir), "allow_custom_save_path": True},
+    }
 
 
-def extraction_engine_kwargs(verifier: str, *, layer_ids: list[int], dtype: str, max_len: int, seed: int,
-                             request_dir: str | os.PathLike, engine: dict | None = None) -> dict:
+def extraction_engine_kwargs(
+    verifier: str,
+    *,
+    layer_ids: list[int],
+    dtype: str,
+    max_len: int,
+    seed: int,
+    request_dir: str | os.PathLike,
+    engine: dict | None = None,
+) -> dict:
     """Keyword arguments of ``vllm.LLM`` for extraction: the verifier with the ``extract_hidden_states`` method, the
     connector, prefix caching on and room for sequences of ``max_len`` tokens (``max_model_len = max_len + 1``).
 
@@ -83,12 +101,12 @@ def extraction_engine_kwargs(verifier: str, *, layer_ids: list[int], dtype: str,
         request_dir: where the connector writes the per-request files.
         engine: more ``vllm.LLM`` arguments (``tensor_parallel_size``), applied last.
     """
-    from draftpipe.completions import engine_kwargs
-
     extra = {
-        "speculative_config": {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                               "draft_model_config": {"hf_config": {
-                                   "eagle_aux_hidden_state_layer_ids": list(layer_ids)}}},
+        "speculative_config": {
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
+        },
         "kv_transfer_config": kv_transfer_config(request_dir),
         "enable_prefix_caching": True,
         **(engine or {}),
@@ -96,8 +114,16 @@ def extraction_engine_kwargs(verifier: str, *, layer_ids: list[int], dtype: str,
     return engine_kwargs(verifier, dtype=dtype, max_model_len=max_len + 1, seed=seed, extra=extra)
 
 
-def open_extractor(verifier: str, *, layer_ids: list[int], dtype: str, max_len: int, seed: int,
-                   request_dir: str | os.PathLike, engine: dict | None = None) -> Any:
+def open_extractor(
+    verifier: str,
+    *,
+    layer_ids: list[int],
+    dtype: str,
+    max_len: int,
+    seed: int,
+    request_dir: str | os.PathLike,
+    engine: dict | None = None,
+) -> Any:
     """Start vLLM (``vllm.LLM``) for :func:`extract` (see :func:`extraction_engine_kwargs`).
 
     ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set (unless the user set it) because ``max_model_len`` is one more than the
@@ -108,8 +134,17 @@ def open_extractor(verifier: str, *, layer_ids: list[int], dtype: str, max_len: 
 
     os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     Path(request_dir).mkdir(parents=True, exist_ok=True)
-    return LLM(**extraction_engine_kwargs(verifier, layer_ids=layer_ids, dtype=dtype, max_len=max_len, seed=seed,
-                                          request_dir=request_dir, engine=engine))
+    return LLM(
+        **extraction_engine_kwargs(
+            verifier,
+            layer_ids=layer_ids,
+            dtype=dtype,
+            max_len=max_len,
+            seed=seed,
+            request_dir=request_dir,
+            engine=engine,
+        )
+    )
 
 
 def batches(lengths: list[int], batch_tokens: int) -> Iterator[range]:
@@ -124,8 +159,9 @@ def batches(lengths: list[int], batch_tokens: int) -> Iterator[range]:
         yield range(start, len(lengths))
 
 
-def extract(llm: Any, sequences: list[list[int]], request_dir: str | os.PathLike, *,
-            batch_tokens: int = DEFAULT_BATCH_TOKENS) -> Iterator["torch.Tensor"]:
+def extract(
+    llm: Any, sequences: list[list[int]], request_dir: str | os.PathLike, *, batch_tokens: int = DEFAULT_BATCH_TOKENS
+) -> Iterator[torch.Tensor]:
     """The states of every sequence, in order, from an engine of :func:`open_extractor`.
 
     Sequences go to the engine in batches of at most ``batch_tokens`` tokens (a sequence longer than that alone),
@@ -153,8 +189,10 @@ def extract(llm: Any, sequences: list[list[int]], request_dir: str | os.PathLike
     request_dir = Path(request_dir)
     for part in batches([len(s) for s in sequences], batch_tokens):
         paths = [str(request_dir / f"{i:08d}.safetensors") for i in part]
-        params = [SamplingParams(max_tokens=1, temperature=0.0,
-                                 extra_args={"kv_transfer_params": {"hidden_states_path": p}}) for p in paths]
+        params = [
+            SamplingParams(max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": {"hidden_states_path": p}})
+            for p in paths
+        ]
         outputs = llm.generate([{"prompt_token_ids": list(sequences[i])} for i in part], params, use_tqdm=False)
         for i, path, out in zip(part, paths, outputs):
             got = (out.kv_transfer_params or {}).get("hidden_states_path")
@@ -164,14 +202,24 @@ def extract(llm: Any, sequences: list[list[int]], request_dir: str | os.PathLike
             cleanup_hidden_states(path)
             ids, states = data["token_ids"], data["hidden_states"]
             if ids.tolist() != list(sequences[i]) or states.shape[0] != len(sequences[i]):
-                raise ExtractionError(f"sequence {i}: vLLM returned states for {ids.numel()} tokens "
-                                      f"({list(states.shape)}), not for the {len(sequences[i])} tokens sent")
+                raise ExtractionError(
+                    f"sequence {i}: vLLM returned states for {ids.numel()} tokens "
+                    f"({list(states.shape)}), not for the {len(sequences[i])} tokens sent"
+                )
             yield states
 
 
-def build_samples(llm: Any, rows: list[dict], *, aux_ids: list[int], num_layers: int, max_len: int,
-                  dtype: "torch.dtype", request_dir: str | os.PathLike,
-                  batch_tokens: int = DEFAULT_BATCH_TOKENS) -> list[dict]:
+def build_samples(
+    llm: Any,
+    rows: list[dict],
+    *,
+    aux_ids: list[int],
+    num_layers: int,
+    max_len: int,
+    dtype: torch.dtype,
+    request_dir: str | os.PathLike,
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+) -> list[dict]:
     """Training samples of a completions shard, in row order (format of :mod:`draftpipe.hidden_states`).
 
     Each sequence is ``prompt_token_ids + completion_token_ids`` truncated to ``max_len``
@@ -198,22 +246,21 @@ def build_samples(llm: Any, rows: list[dict], *, aux_ids: list[int], num_layers:
     """
     import torch
 
-    from draftpipe.hidden_states import sequence_and_mask
-
     if len(set(aux_ids)) != len(list(aux_ids)):
         raise ValueError(f"aux layer ids {list(aux_ids)} repeat an id")
     column = {lid: j for j, lid in enumerate(engine_layer_ids(aux_ids, num_layers))}
     order = [column[k] for k in sorted(aux_ids)]
     pairs = [sequence_and_mask(row, max_len) for row in rows]
     samples = []
-    for (ids, mask), states in zip(pairs, extract(llm, [p[0] for p in pairs], request_dir,
-                                                  batch_tokens=batch_tokens)):
-        samples.append({
-            "input_ids": torch.tensor(ids, dtype=torch.long),
-            "loss_mask": torch.tensor(mask, dtype=torch.uint8),
-            "hidden_states": states[:, order].reshape(len(ids), -1).to(dtype).contiguous(),
-            "verifier_last_hidden_states": states[:, column[num_layers]].to(dtype).contiguous(),
-        })
+    for (ids, mask), states in zip(pairs, extract(llm, [p[0] for p in pairs], request_dir, batch_tokens=batch_tokens)):
+        samples.append(
+            {
+                "input_ids": torch.tensor(ids, dtype=torch.long),
+                "loss_mask": torch.tensor(mask, dtype=torch.uint8),
+                "hidden_states": states[:, order].reshape(len(ids), -1).to(dtype).contiguous(),
+                "verifier_last_hidden_states": states[:, column[num_layers]].to(dtype).contiguous(),
+            }
+        )
     return samples
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Iterable
+from collections.abc import Iterable
+
+from draftpipe.prompts import load_prompts, split_and_shard
 
 
 def records_digest(records: Iterable[dict]) -> str:
@@ -34,17 +36,17 @@ def records_digest(records: Iterable[dict]) -> str:
     return h.hexdigest()
 
 
-def _parts(sources: list[dict], eval_fraction: float, num_shards: int, split_seed: int,
-           system_prompt: str | None = None):
+def _parts(
+    sources: list[dict], eval_fraction: float, num_shards: int, split_seed: int, system_prompt: str | None = None
+):
     """``(training shards, eval records)``: what the `prompt_shard` jobs write (read, normalise, split)."""
-    from draftpipe.prompts import load_prompts, split_and_shard
-
     records, _ = load_prompts(sources, system_prompt)
     return split_and_shard(records, eval_fraction, num_shards, split_seed)
 
 
-def prompt_fingerprints(sources: list[dict], eval_fraction: float, num_shards: int, split_seed: int,
-                        system_prompt: str | None = None) -> dict:
+def prompt_fingerprints(
+    sources: list[dict], eval_fraction: float, num_shards: int, split_seed: int, system_prompt: str | None = None
+) -> dict:
     """Fingerprints of every training shard and of the eval split that `prompt_set` will write.
 
     Args:
@@ -60,16 +62,26 @@ def prompt_fingerprints(sources: list[dict], eval_fraction: float, num_shards: i
             the file and line), exactly as the `prompt_set` job would fail.
     """
     shards, evals = _parts(sources, eval_fraction, num_shards, split_seed, system_prompt)
-    return {"train": [records_digest(s) for s in shards], "eval": records_digest(evals),
-            "prompts": sum(map(len, shards)) + len(evals)}
+    return {
+        "train": [records_digest(s) for s in shards],
+        "eval": records_digest(evals),
+        "prompts": sum(map(len, shards)) + len(evals),
+    }
 
 
 class StaleFingerprintError(RuntimeError):
     """The sources changed between planning and running a prompt-set job."""
 
 
-def prompt_part(sources: list[dict], eval_fraction: float, num_shards: int, split_seed: int, part: str,
-                fingerprint: str, system_prompt: str | None = None) -> list[dict]:
+def prompt_part(
+    sources: list[dict],
+    eval_fraction: float,
+    num_shards: int,
+    split_seed: int,
+    part: str,
+    fingerprint: str,
+    system_prompt: str | None = None,
+) -> list[dict]:
     """The records of one part of the prompt set, checked against the fingerprint the job was planned with.
 
     Args:
@@ -94,6 +106,8 @@ def prompt_part(sources: list[dict], eval_fraction: float, num_shards: int, spli
         raise ValueError(f"unknown prompt-set part {part!r} (train_NNNNN below {num_shards:05d}, or eval)")
     found = records_digest(out)
     if found != fingerprint:
-        raise StaleFingerprintError(f"{part}: the prompt sources changed after the workflow was planned "
-                                    f"(fingerprint {found[:16]} != {fingerprint[:16]}); run snakemake again")
+        raise StaleFingerprintError(
+            f"{part}: the prompt sources changed after the workflow was planned "
+            f"(fingerprint {found[:16]} != {fingerprint[:16]}); run snakemake again"
+        )
     return out

@@ -43,10 +43,16 @@ def check_truncated(rows: list[dict], max_fraction: float, artifact: str) -> flo
         QualityGateError: the fraction is above ``max_fraction``.
     """
     cut = truncated_rows(rows)
-    return _fraction_gate(cut, len(rows), max_fraction, lambda f: (
-        f"{artifact}: {cut} of {len(rows)} rows ({f:.1%}) end with finish_reason=length, above "
-        f"completions.max_truncated_fraction={max_fraction}; raise completions.max_tokens (recomputes the "
-        "completions) or the threshold (recomputes nothing)"))
+    return _fraction_gate(
+        cut,
+        len(rows),
+        max_fraction,
+        lambda f: (
+            f"{artifact}: {cut} of {len(rows)} rows ({f:.1%}) end with finish_reason=length, above "
+            f"completions.max_truncated_fraction={max_fraction}; raise completions.max_tokens (recomputes the "
+            "completions) or the threshold (recomputes nothing)"
+        ),
+    )
 
 
 def check_empty_masks(mask_sums: list[int], max_fraction: float, artifact: str) -> float:
@@ -65,10 +71,16 @@ def check_empty_masks(mask_sums: list[int], max_fraction: float, artifact: str) 
         QualityGateError: the fraction is above ``max_fraction``.
     """
     empty = sum(1 for n in mask_sums if n == 0)
-    return _fraction_gate(empty, len(mask_sums), max_fraction, lambda f: (
-        f"{artifact}: {empty} of {len(mask_sums)} samples ({f:.1%}) have an empty loss mask, above "
-        f"hidden_states.max_empty_mask_fraction={max_fraction}; raise verifier.max_model_len or check the chat "
-        "template's assistant spans"))
+    return _fraction_gate(
+        empty,
+        len(mask_sums),
+        max_fraction,
+        lambda f: (
+            f"{artifact}: {empty} of {len(mask_sums)} samples ({f:.1%}) have an empty loss mask, above "
+            f"hidden_states.max_empty_mask_fraction={max_fraction}; raise verifier.max_model_len or check the chat "
+            "template's assistant spans"
+        ),
+    )
 
 
 def check_finite_loss(loss: float, epoch: int, step: int, batch: int) -> None:
@@ -83,7 +95,8 @@ def check_finite_loss(loss: float, epoch: int, step: int, batch: int) -> None:
     if not math.isfinite(loss):
         raise QualityGateError(
             f"draft training: the loss is {loss} at epoch {epoch}, step {step} (batch {batch} of the step), not "
-            "finite; lower draft.lr, or check the hidden-state shards for non-finite states")
+            "finite; lower draft.lr, or check the hidden-state shards for non-finite states"
+        )
 
 
 def check_acceptance(summary: dict, min_length: float | None, artifact: str) -> float | None:
@@ -115,5 +128,6 @@ def check_acceptance(summary: dict, min_length: float | None, artifact: str) -> 
         raise QualityGateError(
             f"{artifact}: the served acceptance length on the eval prompts is {value:.3f} at "
             f"num_speculative_tokens={k}, temperature={worst['temperature']}, batch_size={worst['batch_size']}, below "
-            f"bench.min_acceptance_length={min_length}")
+            f"bench.min_acceptance_length={min_length}"
+        )
     return value

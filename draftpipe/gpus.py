@@ -16,8 +16,8 @@ import contextlib
 import fcntl
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 class GPUAllocationError(RuntimeError):
@@ -47,8 +47,15 @@ def default_lock_dir() -> Path:
 
 
 @contextlib.contextmanager
-def allocate(n: int, *, total: int | None = None, lock_dir: str | Path | None = None, timeout: float = 3600.0,
-             poll: float = 0.2, env: dict | None = None) -> Iterator[list[str]]:
+def allocate(
+    n: int,
+    *,
+    total: int | None = None,
+    lock_dir: str | Path | None = None,
+    timeout: float = 3600.0,
+    poll: float = 0.2,
+    env: dict | None = None,
+) -> Iterator[list[str]]:
     """Hold ``n`` devices exclusively for the duration of the block and export them as ``CUDA_VISIBLE_DEVICES``.
 
     Args:
@@ -129,6 +136,9 @@ def hold(n: int, **kwargs) -> list[str]:
     devices = ctx.__enter__()
     _HELD.append(ctx)
     if n > 0:
-        print(f"draftpipe.gpus: {n} GPU(s), CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}",
-              file=sys.stderr, flush=True)
+        print(
+            f"draftpipe.gpus: {n} GPU(s), CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}",
+            file=sys.stderr,
+            flush=True,
+        )
     return devices

@@ -32,22 +32,31 @@ over thousands of shards before a build) and catches truncation, missing tensors
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-from pathlib import Path
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from draftpipe.io import (
+    DTYPE_BYTES,
+    SafetensorsHeaderError,
+    read_cache,
+    read_safetensors_header,
+    save_safetensors,
+    stat_key,
+    write_cache,
+)
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = "draftpipe.hidden_states.v1"
 KEYS = ("input_ids", "loss_mask", "hidden_states", "verifier_last_hidden_states")
 
 # safetensors dtype names and their sizes in bytes.
-_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 _INT_DTYPES = {"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64"}
 _FLOAT_DTYPES = {"F8_E4M3", "F8_E5M2", "F16", "BF16", "F32", "F64"}
-_MAX_HEADER_BYTES = 100_000_000  # the limit the safetensors library itself enforces
 
 
 class ShardError(ValueError):
@@ -70,7 +79,9 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     return ids
 
 
-def resolve_aux_layer_ids(ids: Iterable[int] | None, num_layers: int, field: str = "hidden_states.aux_layer_ids") -> list[int]:
+def resolve_aux_layer_ids(
+    ids: Iterable[int] | None, num_layers: int, field: str = "hidden_states.aux_layer_ids"
+) -> list[int]:
     """Validate user aux ids (or take the defaults) for a verifier with ``num_layers`` decoder layers.
 
     Returns:
@@ -90,7 +101,7 @@ def resolve_aux_layer_ids(ids: Iterable[int] | None, num_layers: int, field: str
     return sorted(ids)
 
 
-def capture_layers(model: Any, input_ids: "torch.Tensor", layer_ids: list[int]) -> dict[int, "torch.Tensor"]:
+def capture_layers(model: Any, input_ids: torch.Tensor, layer_ids: list[int]) -> dict[int, torch.Tensor]:
     """The oracle: run the verifier in transformers on one sequence and return the hidden states at the given
     vLLM layer ids (forward hooks on the embedding and the decoder layers).
 
@@ -112,6 +123,7 @@ def capture_layers(model: Any, input_ids: "torch.Tensor", layer_ids: list[int]) 
         def hook(_module, _inputs, output):
             out = output[0] if isinstance(output, (tuple, list)) else output
             captured[idx] = out.detach()[0]
+
         return hook
 
     wanted = set(layer_ids)
@@ -148,7 +160,7 @@ def sequence_and_mask(row: dict, max_len: int) -> tuple[list[int], list[int]]:
     return ids[:max_len], mask[:max_len]
 
 
-def build_sample(model: Any, row: dict, aux_ids: list[int], num_layers: int, max_len: int, dtype: "torch.dtype") -> dict:
+def build_sample(model: Any, row: dict, aux_ids: list[int], num_layers: int, max_len: int, dtype: torch.dtype) -> dict:
     """The oracle's training sample of one completion row (see the module docstring for names and shapes); the
     pipeline's come from :func:`draftpipe.extract.build_samples`.
 
@@ -186,12 +198,13 @@ def write_shard(path: str, samples: list[dict], metadata: dict) -> None:
         metadata: JSON-serialisable values stored (JSON-encoded) in the file metadata, beside ``format``,
             ``num_samples`` and ``num_tokens`` which this function records.
     """
-    from draftpipe.io import save_safetensors
-
     tensors = {f"{i:06d}.{k}": s[k] for i, s in enumerate(samples) for k in KEYS}
-    meta = {"format": FORMAT, "num_samples": str(len(samples)),
-            "num_tokens": str(sum(int(s["input_ids"].numel()) for s in samples)),
-            **{k: json.dumps(v) for k, v in metadata.items()}}
+    meta = {
+        "format": FORMAT,
+        "num_samples": str(len(samples)),
+        "num_tokens": str(sum(int(s["input_ids"].numel()) for s in samples)),
+        **{k: json.dumps(v) for k, v in metadata.items()},
+    }
     save_safetensors(path, tensors, meta)
 
 
@@ -227,36 +240,13 @@ class _Bad(Exception):
 
 
 def _read_header(path: str) -> tuple[dict, dict, int, int]:
-    """The tensor entries, the metadata, the offset where tensor data starts and the size of a safetensors file,
-    checking the framing on the way.
-
-    Raises:
-        _Bad: the file is unreadable, truncated, its header length is not sane or its header is not JSON.
-    """
+    """:func:`draftpipe.io.read_safetensors_header`, its errors as :class:`_Bad`."""
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as fh:
-            prefix = fh.read(8)
-            if len(prefix) < 8:
-                raise _Bad(f"truncated: {size} bytes, shorter than the 8-byte header length")
-            n = int.from_bytes(prefix, "little")
-            if n < 2 or n > _MAX_HEADER_BYTES:
-                raise _Bad(f"header length {n} is not sane (safetensors allows 2..{_MAX_HEADER_BYTES} bytes)")
-            if 8 + n > size:
-                raise _Bad(f"truncated: the header is {n} bytes but only {size - 8} bytes follow its length")
-            raw = fh.read(n)
-    except OSError as exc:
+        return read_safetensors_header(path)
+    except FileNotFoundError as exc:
         raise _Bad(f"unreadable ({exc.strerror or exc})") from exc
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise _Bad(f"header is not valid JSON ({exc})") from exc
-    if not isinstance(header, dict):
-        raise _Bad("header is not a JSON object")
-    meta = header.pop("__metadata__", None) or {}
-    if not isinstance(meta, dict):
-        raise _Bad("header __metadata__ is not a JSON object")
-    return header, meta, 8 + n, size
+    except SafetensorsHeaderError as exc:
+        raise _Bad(str(exc)) from exc
 
 
 def _check_layout(header: dict, data_start: int, size: int) -> None:
@@ -268,15 +258,17 @@ def _check_layout(header: dict, data_start: int, size: int) -> None:
             dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
         except (TypeError, KeyError, ValueError):
             raise _Bad(f"tensor {name}: malformed header entry {info!r}") from None
-        if dtype not in _DTYPE_BYTES:
+        if dtype not in DTYPE_BYTES:
             raise _Bad(f"tensor {name}: unknown dtype {dtype!r}")
         if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
             raise _Bad(f"tensor {name}: malformed shape {shape!r}")
         if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
             raise _Bad(f"tensor {name}: malformed data_offsets {[begin, end]!r}")
-        if end - begin != math.prod(shape) * _DTYPE_BYTES[dtype]:
-            raise _Bad(f"tensor {name}: {dtype} {shape} needs {math.prod(shape) * _DTYPE_BYTES[dtype]} bytes but "
-                       f"data_offsets span {end - begin}")
+        if end - begin != math.prod(shape) * DTYPE_BYTES[dtype]:
+            raise _Bad(
+                f"tensor {name}: {dtype} {shape} needs {math.prod(shape) * DTYPE_BYTES[dtype]} bytes but "
+                f"data_offsets span {end - begin}"
+            )
         spans.append((begin, end, name))
     spans.sort()
     at = 0
@@ -322,14 +314,18 @@ def _check_samples(header: dict, meta: dict, aux_layers: int | None, hidden_size
         if ids["dtype"] not in _INT_DTYPES or mask["dtype"] not in _INT_DTYPES:
             raise _Bad(f"{p}input_ids/{p}loss_mask: integer dtypes expected, got {ids['dtype']}/{mask['dtype']}")
         if hs["dtype"] not in _FLOAT_DTYPES or last["dtype"] not in _FLOAT_DTYPES:
-            raise _Bad(f"{p}hidden_states/{p}verifier_last_hidden_states: float dtypes expected, got "
-                       f"{hs['dtype']}/{last['dtype']}")
+            raise _Bad(
+                f"{p}hidden_states/{p}verifier_last_hidden_states: float dtypes expected, got "
+                f"{hs['dtype']}/{last['dtype']}"
+            )
         if len(ids["shape"]) != 1 or len(mask["shape"]) != 1 or len(hs["shape"]) != 2 or len(last["shape"]) != 2:
             raise _Bad(f"sample {i}: ranks {[len(t['shape']) for t in (ids, mask, hs, last)]}, expected [1, 1, 2, 2]")
         t = ids["shape"][0]
         if mask["shape"][0] != t or hs["shape"][0] != t or last["shape"][0] != t:
-            raise _Bad(f"sample {i}: sequence lengths differ (input_ids {t}, loss_mask {mask['shape'][0]}, "
-                       f"hidden_states {hs['shape'][0]}, verifier_last_hidden_states {last['shape'][0]})")
+            raise _Bad(
+                f"sample {i}: sequence lengths differ (input_ids {t}, loss_mask {mask['shape'][0]}, "
+                f"hidden_states {hs['shape'][0]}, verifier_last_hidden_states {last['shape'][0]})"
+            )
         h, width = last["shape"][1], hs["shape"][1]
         if hidden_size is not None and h != hidden_size:
             raise _Bad(f"{p}verifier_last_hidden_states: width {h}, expected hidden size {hidden_size}")
@@ -443,8 +439,9 @@ def loss_mask_sums(path: str) -> list[int]:
         return [int(fh.get_tensor(f"{i:06d}.loss_mask").sum()) for i in range(meta["num_samples"])]
 
 
-def check_shards_cached(paths: Iterable[str], cache_file: str | os.PathLike, full: bool = False,
-                        **expect: int | None) -> dict[str, str]:
+def check_shards_cached(
+    paths: Iterable[str], cache_file: str | os.PathLike, full: bool = False, **expect: int | None
+) -> dict[str, str]:
     """:func:`check_shard_header` (or, with ``full``, :func:`shard_problem`) over many shards, remembering the
     shards that passed.
 
@@ -461,8 +458,6 @@ def check_shards_cached(paths: Iterable[str], cache_file: str | os.PathLike, ful
     Returns:
         ``{path: reason}`` for each shard that fails the check (empty when all pass).
     """
-    from draftpipe.io import read_cache, stat_key, write_cache
-
     cache = read_cache(cache_file)
     tag = json.dumps({**expect, "full": True} if full else expect, sort_keys=True)
     check = shard_problem if full else check_shard_header
@@ -483,34 +478,3 @@ def check_shards_cached(paths: Iterable[str], cache_file: str | os.PathLike, ful
     if fresh != cache:
         write_cache(cache_file, fresh)
     return bad
-
-
-def require_sound_shards(paths: list[str], results_dir: str | os.PathLike, cache_file: str | os.PathLike) -> None:
-    """Refuse to train on a damaged shard: run the full check (:func:`check_shards_cached` with ``full``) and move
-    every shard that fails into ``<results_dir>/.quarantine/`` (:func:`draftpipe.provenance.quarantine`), together
-    with the stage-store entry it links (``<results_dir>/.store/hidden_states/``, the same file), so that the next
-    run computes it again instead of linking the damaged data.
-
-    Raises:
-        ShardError: naming each damaged shard, why, and where it was moved; the next ``snakemake`` run rebuilds
-            them (they are missing inputs of the job that failed).
-    """
-    from draftpipe.provenance import quarantine
-    from draftpipe.stage import STORE
-
-    bad = check_shards_cached(paths, cache_file, full=True)
-    if not bad:
-        return
-    store = Path(results_dir) / STORE / "hidden_states"
-    entries = list(store.glob("*.safetensors")) if store.is_dir() else []
-    for path in bad:
-        st = os.stat(path)
-        for entry in entries:
-            with contextlib.suppress(FileNotFoundError):
-                est = entry.stat()
-                if (est.st_ino, est.st_dev) == (st.st_ino, st.st_dev):
-                    entry.unlink()
-    moved = {str(src): dest for src, dest in quarantine(sorted(bad), results_dir)}
-    lines = [f"{path}: {reason}; moved to {moved.get(str(Path(path)), '?')}" for path, reason in sorted(bad.items())]
-    raise ShardError(f"{len(bad)} damaged hidden-state shard(s), not trained on:\n" + "\n".join(lines)
-                     + "\nrun snakemake again: it rebuilds them")

@@ -13,8 +13,9 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -123,6 +124,80 @@ def save_safetensors(path: str | os.PathLike, tensors: dict, metadata: dict[str,
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
         canonicalize_safetensors_header(tmp)
+
+
+#: bytes per element of each safetensors dtype (the format's dtype names)
+DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
+#: the largest header the safetensors library itself accepts (bytes)
+MAX_SAFETENSORS_HEADER = 100_000_000
+
+
+class SafetensorsHeaderError(ValueError):
+    """A safetensors file's framing is broken; the message is the reason, without the path."""
+
+
+def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, dict, int, int]:
+    """The one reader of a safetensors file's header, without reading tensor data.
+
+    Format (safetensors specification): 8-byte little-endian header length ``N`` (2 to
+    :data:`MAX_SAFETENSORS_HEADER`), then ``N`` bytes of JSON ``{name: {"dtype", "shape", "data_offsets"},
+    "__metadata__": {str: str}}``, then the data.
+
+    Returns:
+        ``(tensors, metadata, data_start, size)``: the tensor entries as written (not checked here), the metadata
+        (``{}`` when absent), the byte offset where data starts (``8 + N``) and the file's size in bytes.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        SafetensorsHeaderError: unreadable, truncated, a header length that is not sane, a header that is not a
+            JSON object, or ``__metadata__`` that is not one.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            prefix = fh.read(8)
+            if len(prefix) < 8:
+                raise SafetensorsHeaderError(f"truncated: {size} bytes, shorter than the 8-byte header length")
+            n = int.from_bytes(prefix, "little")
+            if n < 2 or n > MAX_SAFETENSORS_HEADER:
+                raise SafetensorsHeaderError(
+                    f"header length {n} is not sane (safetensors allows 2..{MAX_SAFETENSORS_HEADER} bytes)"
+                )
+            if 8 + n > size:
+                raise SafetensorsHeaderError(
+                    f"truncated: the header is {n} bytes but only {size - 8} bytes follow its length"
+                )
+            raw = fh.read(n)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise SafetensorsHeaderError(f"unreadable ({exc.strerror or exc})") from exc
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SafetensorsHeaderError(f"header is not valid JSON ({exc})") from exc
+    if not isinstance(header, dict):
+        raise SafetensorsHeaderError("header is not a JSON object")
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict):
+        raise SafetensorsHeaderError("header __metadata__ is not a JSON object")
+    return header, meta, 8 + n, size
 
 
 def canonicalize_safetensors_header(path: str | os.PathLike) -> bool:

@@ -13,6 +13,9 @@ import json
 import shutil
 from pathlib import Path
 
+from draftpipe.ranks import draft_world_size
+from draftpipe.verifier import text_config
+
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 CHARS_PER_TOKEN = 4.0
 
@@ -44,7 +47,7 @@ def kv_cache_bytes_per_token(verifier_config: dict, dtype_bytes: int = 2, tensor
     Returns:
         None when the config lacks the fields.
     """
-    cfg = verifier_config.get("text_config", verifier_config)
+    cfg = text_config(verifier_config)
     try:
         layers = int(cfg["num_hidden_layers"])
         if cfg.get("kv_lora_rank"):
@@ -76,8 +79,6 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None) -> dict
         ``draft_gpus`` (per node) and ``draft_batch_tokens`` (tokens per optimizer step: ``batches_per_step`` x
         ``total_seq_len``).
     """
-    from draftpipe.ranks import draft_world_size
-
     records = chars = 0
     for src in config["prompts"]["sources"]:
         n, b = count_source(src["path"])
@@ -95,17 +96,26 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None) -> dict
     completion = tokens * 12 + samples * 600  # JSON text of ids and text, plus per-row metadata
     engine_bytes = DTYPE_BYTES.get(config["verifier"]["dtype"], 2)
     tp = max(1, int(config["resources"]["hidden_states"]["gpus"]))
-    return {"prompts": records, "train_samples": samples, "tokens_per_sample": per_sample, "train_tokens": tokens,
-            "hidden_state_bytes": hidden, "completion_bytes": completion,
-            "disk_bytes": hidden + completion + 2 * chars, "hidden_size": H, "aux_states": len(aux) + 1,
-            "dtype": config["hidden_states"]["dtype"], "engine_tp": tp,
-            "state_cache_bytes_per_token": (len(aux) + 1) * H * engine_bytes,
-            "kv_bytes_per_token": kv_cache_bytes_per_token(verifier_config, engine_bytes, tp) if verifier_config else None,
-            "draft_ranks": draft_world_size(config["resources"]["draft"]),
-            "draft_nodes": int(config["resources"]["draft"].get("nodes") or 1),
-            "draft_gpus": int(config["resources"]["draft"]["gpus"]),
-            "draft_batches_per_step": int(config["draft"]["batches_per_step"]),
-            "draft_batch_tokens": int(config["draft"]["batches_per_step"]) * int(config["draft"]["total_seq_len"])}
+    return {
+        "prompts": records,
+        "train_samples": samples,
+        "tokens_per_sample": per_sample,
+        "train_tokens": tokens,
+        "hidden_state_bytes": hidden,
+        "completion_bytes": completion,
+        "disk_bytes": hidden + completion + 2 * chars,
+        "hidden_size": H,
+        "aux_states": len(aux) + 1,
+        "dtype": config["hidden_states"]["dtype"],
+        "engine_tp": tp,
+        "state_cache_bytes_per_token": (len(aux) + 1) * H * engine_bytes,
+        "kv_bytes_per_token": kv_cache_bytes_per_token(verifier_config, engine_bytes, tp) if verifier_config else None,
+        "draft_ranks": draft_world_size(config["resources"]["draft"]),
+        "draft_nodes": int(config["resources"]["draft"].get("nodes") or 1),
+        "draft_gpus": int(config["resources"]["draft"]["gpus"]),
+        "draft_batches_per_step": int(config["draft"]["batches_per_step"]),
+        "draft_batch_tokens": int(config["draft"]["batches_per_step"]) * int(config["draft"]["total_seq_len"]),
+    }
 
 
 def human(n: float) -> str:
@@ -119,19 +129,28 @@ def human(n: float) -> str:
 
 def format_plan(p: dict) -> str:
     """One block of text for the console."""
-    return (f"draftpipe plan (upper bounds): {p['prompts']} prompts -> {p['train_samples']} training samples x "
-            f"<= {p['tokens_per_sample']} tokens = {p['train_tokens']:,} tokens; hidden states "
-            f"({p['aux_states']} x {p['hidden_size']} x {p['dtype']} per token) {human(p['hidden_state_bytes'])}; "
-            f"completions {human(p['completion_bytes'])}; disk needed {human(p['disk_bytes'])}\n"
-            f"hidden_states engine: vLLM extract_hidden_states, tensor parallel {p['engine_tp']}; hidden-state cache "
-            f"{human(p['state_cache_bytes_per_token'])} per token on every GPU"
-            + (f", beside the KV cache's {human(p['kv_bytes_per_token'])} per token per GPU"
-               if p.get("kv_bytes_per_token") else "")
-            + (f"\ndraft training: {p['draft_ranks']} rank(s) (torchrun, DDP) on "
-               + (f"{p['draft_gpus']} GPU(s)" if p["draft_gpus"] else "the CPU")
-               + (f" on each of {p['draft_nodes']} nodes (srun + torchrun rendezvous)" if p["draft_nodes"] > 1 else "")
-               + f"; each step {p['draft_batches_per_step']} packed batch(es), {p['draft_batch_tokens']:,} tokens, "
-               f"shared by the ranks" if "draft_ranks" in p else ""))
+    return (
+        f"draftpipe plan (upper bounds): {p['prompts']} prompts -> {p['train_samples']} training samples x "
+        f"<= {p['tokens_per_sample']} tokens = {p['train_tokens']:,} tokens; hidden states "
+        f"({p['aux_states']} x {p['hidden_size']} x {p['dtype']} per token) {human(p['hidden_state_bytes'])}; "
+        f"completions {human(p['completion_bytes'])}; disk needed {human(p['disk_bytes'])}\n"
+        f"hidden_states engine: vLLM extract_hidden_states, tensor parallel {p['engine_tp']}; hidden-state cache "
+        f"{human(p['state_cache_bytes_per_token'])} per token on every GPU"
+        + (
+            f", beside the KV cache's {human(p['kv_bytes_per_token'])} per token per GPU"
+            if p.get("kv_bytes_per_token")
+            else ""
+        )
+        + (
+            f"\ndraft training: {p['draft_ranks']} rank(s) (torchrun, DDP) on "
+            + (f"{p['draft_gpus']} GPU(s)" if p["draft_gpus"] else "the CPU")
+            + (f" on each of {p['draft_nodes']} nodes (srun + torchrun rendezvous)" if p["draft_nodes"] > 1 else "")
+            + f"; each step {p['draft_batches_per_step']} packed batch(es), {p['draft_batch_tokens']:,} tokens, "
+            f"shared by the ranks"
+            if "draft_ranks" in p
+            else ""
+        )
+    )
 
 
 class DiskSpaceError(RuntimeError):
@@ -146,8 +165,7 @@ def free_bytes(path: str | Path) -> tuple[int, Path]:
     return shutil.disk_usage(p).free, p
 
 
-def check_disk(p: dict, shard_dir: str | Path, missing_shards: int, num_shards: int,
-               free: int | None = None) -> int:
+def check_disk(p: dict, shard_dir: str | Path, missing_shards: int, num_shards: int, free: int | None = None) -> int:
     """Refuse to start when the hidden-state shards still to be written cannot fit on their disk.
 
     The need is the plan's upper bound (:func:`plan`: tokens x (aux layers + 1) x hidden size x bytes per value,
@@ -174,5 +192,6 @@ def check_disk(p: dict, shard_dir: str | Path, missing_shards: int, num_shards: 
             f"hidden states need {human(need)} for {missing_shards} of {num_shards} shards "
             f"({p['train_tokens']:,} tokens x {p['aux_states']} states x {p['hidden_size']} x {p['dtype']}, "
             f"an upper bound) but {where} has {human(free)} free; free space, lower prompts/samples_per_prompt/"
-            f"max_tokens, or set hidden_states.disk_check: false")
+            f"max_tokens, or set hidden_states.disk_check: false"
+        )
     return need

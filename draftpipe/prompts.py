@@ -59,15 +59,24 @@ import json
 import re
 import zlib
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 ROLE_ALIASES = {
-    "user": "user", "human": "user", "prompter": "user",
-    "assistant": "assistant", "gpt": "assistant", "bot": "assistant", "model": "assistant",
+    "user": "user",
+    "human": "user",
+    "prompter": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "bot": "assistant",
+    "model": "assistant",
     "system": "system",
-    "tool": "tool", "observation": "tool", "function": "tool", "ipython": "tool",
+    "tool": "tool",
+    "observation": "tool",
+    "function": "tool",
+    "ipython": "tool",
     "function_call": "assistant",
 }
 SHAPE_KEYS = ("messages", "conversations", "turns", "prompt")
@@ -120,7 +129,7 @@ def is_eval(pid: str, eval_fraction: float, seed: int) -> bool:
 
 def shard_of(pid: str, num_shards: int) -> int:
     """The training shard (0 .. num_shards-1) of the prompt with id ``pid``; independent of every other prompt."""
-    return int(hashlib.sha256(f"shard:{pid}".encode("utf-8")).hexdigest()[:15], 16) % num_shards
+    return int(hashlib.sha256(f"shard:{pid}".encode()).hexdigest()[:15], 16) % num_shards
 
 
 def json_type(value: Any) -> str:
@@ -163,7 +172,7 @@ def _read_bytes(path: Path) -> bytes:
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     lineno = 0
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as fh:
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as fh:
         lines = iter(fh)
         while True:
             try:
@@ -186,9 +195,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             try:
                 obj = json.loads(line.rstrip("\r\n"))  # an error at the line end is at its last column, not on "line 2"
             except json.JSONDecodeError as exc:
-                raise PromptFormatError(
-                    f"{path}:{lineno}: malformed JSON line ({_json_reason(exc)})"
-                ) from exc
+                raise PromptFormatError(f"{path}:{lineno}: malformed JSON line ({_json_reason(exc)})") from exc
             yield lineno, obj
 
 
@@ -324,8 +331,9 @@ def _tool_call(call: Any, where: str, at: str) -> dict:
     """One OpenAI tool call ``{"type": "function", "function": {"name", "arguments"}}`` (``id`` kept when given)."""
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise PromptFormatError(f"{where}: {at} must be {{'type': 'function', 'function': {{'name': str, "
-                                "'arguments': ...}}")
+        raise PromptFormatError(
+            f"{where}: {at} must be {{'type': 'function', 'function': {{'name': str, 'arguments': ...}}}}"
+        )
     out = {"type": "function", "function": {"name": fn["name"], "arguments": fn.get("arguments", {})}}
     if isinstance(call.get("id"), str):
         out["id"] = call["id"]
@@ -343,8 +351,7 @@ def _message(msg: dict, role: str, where: str, at: str) -> dict:
             raise PromptFormatError(f"{where}: {at} (function_call) is not JSON ({exc.msg})") from exc
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             raise PromptFormatError(f"{where}: {at} (function_call) must be a JSON object with a 'name'")
-        return {"role": "assistant", "content": "",
-                "tool_calls": [_tool_call({"function": call}, where, at)]}
+        return {"role": "assistant", "content": "", "tool_calls": [_tool_call({"function": call}, where, at)]}
     role = ROLE_ALIASES[role]
     out = {"role": role}
     calls = msg.get("tool_calls") if role == "assistant" else None
@@ -491,8 +498,13 @@ def load_prompts(sources: Iterable[dict], system_prompt: str | None = None) -> t
             if pid in seen:
                 counts["duplicates"] += 1
                 continue
-            seen[pid] = {"id": pid, "messages": messages, **({"tools": tools} if tools else {}),
-                         "source": str(path), "line": number}
+            seen[pid] = {
+                "id": pid,
+                "messages": messages,
+                **({"tools": tools} if tools else {}),
+                "source": str(path),
+                "line": number,
+            }
             counts["kept"] += 1
         if not counts["read"]:
             raise PromptFormatError(f"{path}: the prompt source has no records")

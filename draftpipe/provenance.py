@@ -16,13 +16,10 @@ Each byte is hashed once: an input whose own manifest still describes it takes i
 ``probe`` (sha256 of the first and last 64 KiB), and either the same ``mtime_ns`` or the same inode with a later
 ``mtime_ns``: Snakemake touches every output after its job has ended, so an artifact's mtime is never the one
 its manifest recorded, while every writer of this package replaces a file by a new inode. What this cannot see
-(an in-place edit of the middle of a file that keeps its size) :func:`verify_tree` finds, since it hashes every
-byte.
+(an in-place edit of the middle of a file that keeps its size) :func:`draftpipe.integrity.verify_tree` finds,
+since it hashes every byte.
 
-:func:`verify_tree` checks a results directory against its manifests (``python -m draftpipe.verify``):
-artifacts whose bytes no longer match (``CORRUPT``), artifacts built from inputs that have changed since
-(``STALE``), hidden-state shards that fail :func:`draftpipe.hidden_states.validate_shard` (``CORRUPT``), and
-artifacts without a manifest (``NOTE``). :func:`quarantine` moves corrupt artifacts aside, so that Snakemake
+:func:`quarantine` moves corrupt artifacts aside, so that Snakemake
 rebuilds them as missing outputs when they are requested (:func:`draftpipe.verify.rebuild_command`: a missing
 intermediate file alone, under up-to-date dependents, makes Snakemake rerun nothing).
 """
@@ -37,27 +34,25 @@ import platform
 import shutil
 import socket
 import time
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from draftpipe.io import sha256_file, write_json
+from draftpipe.layout import QUARANTINE
 
 SCHEMA = "draftpipe.manifest.v1"
 SUFFIX = ".manifest.json"
 PACKAGES = ("draftpipe", "snakemake", "vllm", "speculators", "torch", "transformers", "safetensors")
-QUARANTINE = ".quarantine"
 # Directories of a results tree that hold no artifacts: job logs and Snakemake's benchmark tables.
 UNTRACKED_DIRS = ("logs", "benchmarks")
-
-CORRUPT, STALE, NOTE = "CORRUPT", "STALE", "NOTE"
 
 
 def now_iso() -> str:
     """The current time as ISO 8601 in UTC with microseconds, e.g. ``2025-05-01T12:00:00.123456+00:00``."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def manifest_path(artifact: str | os.PathLike) -> Path:
@@ -197,13 +192,29 @@ def file_record(path: str | os.PathLike, *, reuse_manifest: bool = True) -> dict
     if p.is_dir():
         return {**rec, "kind": "directory", "sha256": _tree_sha256(p), "sha256_from": "file"}
     sha = _recorded_sha256(p, st) if reuse_manifest else None
-    return {**rec, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "probe": _probe(p, st.st_size),
-            "sha256": sha or sha256_file(p), "sha256_from": "manifest" if sha else "file"}
+    return {
+        **rec,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "inode": st.st_ino,
+        "probe": _probe(p, st.st_size),
+        "sha256": sha or sha256_file(p),
+        "sha256_from": "manifest" if sha else "file",
+    }
 
 
-def build_manifest(artifact: dict, *, inputs: list[dict], params: Any, rule: str | None,
-                   wildcards: Any = None, outputs: Iterable[str] = (), started_at: str | None = None,
-                   finished_at: str | None = None, packages: dict | None = None) -> dict:
+def build_manifest(
+    artifact: dict,
+    *,
+    inputs: list[dict],
+    params: Any,
+    rule: str | None,
+    wildcards: Any = None,
+    outputs: Iterable[str] = (),
+    started_at: str | None = None,
+    finished_at: str | None = None,
+    packages: dict | None = None,
+) -> dict:
     """A manifest (see the module docstring) of one artifact.
 
     Args:
@@ -222,8 +233,9 @@ def build_manifest(artifact: dict, *, inputs: list[dict], params: Any, rule: str
     params_json = jsonable(_names(params) if not isinstance(params, dict) else params)
     return {
         "schema": SCHEMA,
-        "artifact": {k: artifact[k] for k in ("path", "kind", "size", "mtime_ns", "inode", "probe", "sha256")
-                     if k in artifact},
+        "artifact": {
+            k: artifact[k] for k in ("path", "kind", "size", "mtime_ns", "inode", "probe", "sha256") if k in artifact
+        },
         "inputs": inputs,
         "params": params_json,
         "verifier_id": params_json.get("verifier_id") if isinstance(params_json, dict) else None,
@@ -272,9 +284,17 @@ def write_manifests(smk: Any, started_at: str | None, finished_at: str | None = 
         if not os.path.exists(out):
             continue
         art = file_record(out, reuse_manifest=False)
-        manifest = build_manifest(art, inputs=inputs, params=smk.params, rule=getattr(smk, "rule", None),
-                                  wildcards=getattr(smk, "wildcards", None), outputs=outputs,
-                                  started_at=started_at, finished_at=finished_at, packages=packages)
+        manifest = build_manifest(
+            art,
+            inputs=inputs,
+            params=smk.params,
+            rule=getattr(smk, "rule", None),
+            wildcards=getattr(smk, "wildcards", None),
+            outputs=outputs,
+            started_at=started_at,
+            finished_at=finished_at,
+            packages=packages,
+        )
         write_json(manifest_path(out), manifest)
         written.append(manifest_path(out))
     return written
@@ -294,142 +314,9 @@ def remove_manifests(smk: Any) -> list[Path]:
     return removed
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One result of :func:`verify_tree`: ``status`` is ``CORRUPT``, ``STALE`` or ``NOTE``; ``path`` the artifact
-    (joined onto the results directory as given); ``reason`` one line."""
-
-    status: str
-    path: str
-    reason: str
-
-    def line(self) -> str:
-        """``STATUS path: reason``."""
-        return f"{self.status} {self.path}: {self.reason}"
-
-
-class _Hasher:
-    """sha256 of files by their current bytes, each file read at most once per instance."""
-
-    def __init__(self):
-        self._cache: dict[str, tuple[int, int, str]] = {}
-
-    def __call__(self, path: Path) -> str:
-        key = os.path.realpath(path)
-        st = path.stat()
-        hit = self._cache.get(key)
-        if hit is not None and hit[:2] == (st.st_size, st.st_mtime_ns):
-            return hit[2]
-        sha = _tree_sha256(path) if path.is_dir() else sha256_file(path)
-        self._cache[key] = (st.st_size, st.st_mtime_ns, sha)
-        return sha
-
-
-def _short(sha: str | None) -> str:
-    return (sha or "none")[:12]
-
-
-def _walk(results: Path) -> tuple[list[Path], list[Path]]:
-    """Artifacts and manifests of a results tree, sorted; skips hidden entries (temporary files, ``.train``,
-    :data:`QUARANTINE`) and :data:`UNTRACKED_DIRS` at the top. A directory with a manifest beside it is one
-    artifact (``directory()`` outputs) and is not descended into."""
-    artifacts, manifests = [], []
-    for root, dirs, files in os.walk(results):
-        top = Path(root) == results
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (top and d in UNTRACKED_DIRS))
-        for d in [d for d in dirs if f"{d}{SUFFIX}" in files]:
-            artifacts.append(Path(root) / d)
-            dirs.remove(d)
-        for f in files:
-            if f.startswith(".") or (top and f == "README.md"):
-                continue
-            (manifests if f.endswith(SUFFIX) else artifacts).append(Path(root) / f)
-    return sorted(artifacts), sorted(manifests)
-
-
-def verify_tree(results_dir: str | os.PathLike = "results", *, workdir: str | os.PathLike | None = None,
-                check_shards: bool = True) -> list[Finding]:
-    """Check every artifact of a results tree against its manifest.
-
-    For each artifact (every file except manifests, hidden files and directories, ``logs/`` and
-    ``benchmarks/``): no manifest gives ``NOTE``; an unreadable manifest, a size or sha256 different from the
-    manifest's, or (with ``check_shards``) a ``hidden_states/*.safetensors`` that fails
-    :func:`draftpipe.hidden_states.validate_shard` gives ``CORRUPT``; an input whose sha256 now differs from the
-    one recorded, or that no longer exists, gives ``STALE`` naming the input. A manifest without its artifact
-    gives ``NOTE``. Every file is hashed from its bytes, once.
-
-    Args:
-        results_dir: the results directory.
-        workdir: the directory that relative input paths in manifests are relative to (the workflow's working
-            directory); default the parent of ``results_dir``.
-        check_shards: run the full shard validation (reads every tensor).
-
-    Returns:
-        Findings sorted by path, at most one ``CORRUPT`` and one ``STALE`` per artifact.
-    """
-    from draftpipe.hidden_states import ShardError, validate_shard
-
-    results = Path(results_dir)
-    base = Path(workdir) if workdir is not None else results.resolve().parent
-    artifacts, manifests = _walk(results)
-    sha = _Hasher()
-    findings: list[Finding] = []
-    for art in artifacts:
-        shown = str(art)
-        corrupt: list[str] = []
-        man = None
-        mpath = manifest_path(art)
-        if not mpath.exists():
-            findings.append(Finding(NOTE, shown, "no manifest"))
-        else:
-            try:
-                man = json.loads(mpath.read_text(encoding="utf-8"))
-                recorded = man["artifact"]
-                inputs = list(man.get("inputs") or [])
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                corrupt.append(f"manifest {mpath.name} unreadable ({exc})")
-                man = None
-        if man is not None:
-            size = art.stat().st_size
-            if recorded.get("kind") != "directory" and size != recorded.get("size"):
-                corrupt.append(f"size {size} != manifest {recorded.get('size')}")
-            else:
-                got = sha(art)
-                if got != recorded.get("sha256"):
-                    corrupt.append(f"sha256 {_short(got)}... != manifest {_short(recorded.get('sha256'))}...")
-        if check_shards and art.parent.name == "hidden_states" and art.suffix == ".safetensors":
-            try:
-                validate_shard(str(art))
-            except ShardError as exc:
-                corrupt.append(f"invalid shard: {str(exc).removeprefix(f'{art}: ')}")
-        if corrupt:
-            findings.append(Finding(CORRUPT, shown, "; ".join(corrupt)))
-        if man is not None:
-            changed = []
-            for rec in inputs:
-                rel = rec.get("path")
-                if not rel or rec.get("sha256") is None:
-                    continue
-                p = Path(rel) if os.path.isabs(rel) else base / rel
-                if not p.exists():
-                    changed.append(f"input {rel} is missing")
-                    continue
-                now = sha(p)
-                if now != rec["sha256"]:
-                    changed.append(f"input {rel} changed (sha256 {_short(now)}... != recorded "
-                                   f"{_short(rec['sha256'])}...)")
-            if changed:
-                findings.append(Finding(STALE, shown, "; ".join(changed)))
-    for mpath in manifests:
-        art = Path(str(mpath)[: -len(SUFFIX)])
-        if not art.exists():
-            findings.append(Finding(NOTE, str(art), f"manifest {mpath.name} without its artifact"))
-    order = {CORRUPT: 0, STALE: 1, NOTE: 2}
-    return sorted(findings, key=lambda f: (f.path, order.get(f.status, 3)))
-
-
-def quarantine(paths: Iterable[str | os.PathLike], results_dir: str | os.PathLike = "results",
-               stamp: str | None = None) -> list[tuple[Path, Path]]:
+def quarantine(
+    paths: Iterable[str | os.PathLike], results_dir: str | os.PathLike = "results", stamp: str | None = None
+) -> list[tuple[Path, Path]]:
     """Move artifacts and their manifests into ``<results_dir>/.quarantine/<stamp>/`` (never deletes).
 
     Each file keeps its path relative to ``results_dir`` below the quarantine directory. Snakemake then sees the

@@ -20,6 +20,7 @@ A rank dies with its launcher (``PR_SET_PDEATHSIG``), so a killed job never leav
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import logging
 import os
@@ -27,6 +28,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from draftpipe.io import write_json
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +103,12 @@ def init_ranks() -> bool:
         dist.init_process_group(dist.get_default_backend_for_device(acc), device_id=local_rank)
     else:
         dist.init_process_group("gloo")
-    sd._local_rank, sd._rank, sd._world_size, sd._is_distributed = local_rank, dist.get_rank(), dist.get_world_size(), True
+    sd._local_rank, sd._rank, sd._world_size, sd._is_distributed = (
+        local_rank,
+        dist.get_rank(),
+        dist.get_world_size(),
+        True,
+    )
     sd._init_sp_process_groups(sd._rank, sd._world_size, 1)
     log.info("%d ranks joined (%s)", sd._world_size, dist.get_backend())
     return True
@@ -109,8 +117,9 @@ def init_ranks() -> bool:
 def check_batches_per_step(per_step: int, world: int) -> None:
     """Raise ValueError unless ``world`` ranks can share each step's ``per_step`` packed batches evenly."""
     if per_step < 1 or per_step % world:
-        raise ValueError(f"draft.batches_per_step ({per_step}) must be a multiple of the number of training "
-                         f"ranks ({world})")
+        raise ValueError(
+            f"draft.batches_per_step ({per_step}) must be a multiple of the number of training ranks ({world})"
+        )
 
 
 class StepBatchSampler:
@@ -139,8 +148,10 @@ class StepBatchSampler:
 
         check_batches_per_step(per_step, world)
         self.per_rank = per_step // world
-        self.samplers = [MultipackDistributedBatchSamplerV2(total_seq_len, lengths, num_replicas=per_step, rank=j,
-                                                            seed=seed) for j in range(rank, per_step, world)]
+        self.samplers = [
+            MultipackDistributedBatchSamplerV2(total_seq_len, lengths, num_replicas=per_step, rank=j, seed=seed)
+            for j in range(rank, per_step, world)
+        ]
         self.epoch = 0
         self.skip = 0
 
@@ -165,8 +176,9 @@ class StepBatchSampler:
         return (self.steps - self.skip) * self.per_rank
 
 
-def torchrun_command(nproc: int, spec: str | os.PathLike, nnodes: int = 1, env: dict | None = None,
-                     hosts: list[str] | None = None) -> list[str]:
+def torchrun_command(
+    nproc: int, spec: str | os.PathLike, nnodes: int = 1, env: dict | None = None, hosts: list[str] | None = None
+) -> list[str]:
     """The command that trains with ``nproc`` ranks on each of ``nnodes`` nodes, each rank running
     ``python -m draftpipe.ranks <spec>``.
 
@@ -186,60 +198,87 @@ def torchrun_command(nproc: int, spec: str | os.PathLike, nnodes: int = 1, env: 
     env = os.environ if env is None else env
     job = env.get("SLURM_JOB_ID")
     if not job:
-        raise RuntimeError(f"resources.draft.nodes: {nnodes} needs a SLURM job (profiles/slurm); this job runs "
-                           "outside SLURM")
+        raise RuntimeError(
+            f"resources.draft.nodes: {nnodes} needs a SLURM job (profiles/slurm); this job runs outside SLURM"
+        )
     if hosts is None:
-        hosts = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True,
-                               text=True, check=True).stdout.split()
+        hosts = subprocess.run(
+            ["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True
+        ).stdout.split()
     port = 29500 + int(job) % 10000
-    return ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-            *torchrun, f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={hosts[0]}:{port}", f"--rdzv-id={job}", *ranks]
+    return [
+        "srun",
+        f"--nodes={nnodes}",
+        f"--ntasks={nnodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        *torchrun,
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={hosts[0]}:{port}",
+        f"--rdzv-id={job}",
+        *ranks,
+    ]
 
 
 def launch(nproc: int, spec: dict, spec_path: str | os.PathLike, threads: int | None = None, nnodes: int = 1) -> None:
-    """Write ``spec`` (the arguments of :func:`draftpipe.draft.train_draft`) to ``spec_path`` and train with
+    """Write ``spec`` to ``spec_path`` and train with
     ``nproc`` ranks on each of ``nnodes`` nodes under torchrun (:func:`torchrun_command`); each rank uses
     ``threads // nproc`` intra-op threads (at least 1). The ranks' output goes to this process's stdout and stderr
     (the job's log).
 
+    ``spec["entry"]`` names the function each rank runs, ``"module:function"`` (it is called with the whole spec),
+    so this launcher knows nothing of what is trained (:func:`draftpipe.draft.train_rank`).
+
     Raises:
         RuntimeError: a rank failed (torchrun's exit status and the last lines of its output are in the log).
+        ValueError: ``spec`` has no ``entry``.
     """
-    from draftpipe.io import write_json
-
+    if ":" not in str(spec.get("entry", "")):
+        raise ValueError(
+            f"a launch spec names the rank's function as entry 'module:function', got {spec.get('entry')!r}"
+        )
     write_json(spec_path, spec)
     per_rank = str(max(1, (threads or os.cpu_count() or 1) // nproc))
-    env = {**os.environ, "OMP_NUM_THREADS": per_rank, "DRAFTPIPE_RANK_THREADS": per_rank,
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1])]
-                                         + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": per_rank,
+        "DRAFTPIPE_RANK_THREADS": per_rank,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).resolve().parents[1])]
+            + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        ),
+    }
     cmd = torchrun_command(nproc, spec_path, nnodes)
     log.info("training with %d ranks: %s", nproc * nnodes, " ".join(cmd))
     sys.stdout.flush()
     sys.stderr.flush()
     proc = subprocess.run(cmd, env=env, preexec_fn=die_with_parent)
     if proc.returncode != 0:
-        raise RuntimeError(f"draft training with {nproc * nnodes} ranks failed (exit status {proc.returncode}); "
-                           "each rank's error is above in the log")
+        raise RuntimeError(
+            f"draft training with {nproc * nnodes} ranks failed (exit status {proc.returncode}); "
+            "each rank's error is above in the log"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
-    """A rank's entry point: ``python -m draftpipe.ranks <spec.json>`` under torchrun."""
+    """A rank's entry point: ``python -m draftpipe.ranks <spec.json>`` under torchrun; runs the spec's ``entry``
+    function (see :func:`launch`) with the spec."""
     die_with_parent()
     spec_path = (argv or sys.argv[1:])[0]
     rank, _, size = world()
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
-                        format=f"[rank {rank}/{size}] %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stdout, format=f"[rank {rank}/{size}] %(name)s %(levelname)s %(message)s"
+    )
     if rank != 0:  # the other ranks log warnings and errors only (their metrics are rank 0's)
         logging.getLogger().handlers[0].setLevel(logging.WARNING)
     import torch
 
     torch.set_num_threads(int(os.environ.get("DRAFTPIPE_RANK_THREADS", "1")))
-    from draftpipe.draft import DraftSettings, train_draft
-
     spec = json.loads(Path(spec_path).read_text())
-    spec["s"] = DraftSettings(**spec["s"])
-    train_draft(**spec)
+    module, _, function = spec.pop("entry").partition(":")
+    getattr(importlib.import_module(module), function)(spec)
 
 
 if __name__ == "__main__":

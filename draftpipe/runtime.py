@@ -8,15 +8,21 @@ import importlib.util
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+
+from draftpipe.gpus import hold
+from draftpipe.io import remove_interrupted_writes
+from draftpipe.provenance import manifest_path, now_iso, remove_manifests, write_manifests
 
 _STARTED_AT_ENV = "DRAFTPIPE_JOB_STARTED_AT"
 
 
 def ml_python() -> str:
     """The ML environment's interpreter: ``DRAFTPIPE_ML_PYTHON``, else ``.venv/bin/python`` beside this package."""
-    return os.environ.get("DRAFTPIPE_ML_PYTHON") or str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "python")
+    return os.environ.get("DRAFTPIPE_ML_PYTHON") or str(
+        Path(__file__).resolve().parents[1] / ".venv" / "bin" / "python"
+    )
 
 
 def ensure_ml_python() -> None:
@@ -35,8 +41,10 @@ def ensure_ml_python() -> None:
         return
     python = ml_python()
     if not os.path.exists(python):
-        raise RuntimeError(f"no torch in {sys.executable} and no ML environment at {python}; run envs/setup.sh "
-                           "or set DRAFTPIPE_ML_PYTHON")
+        raise RuntimeError(
+            f"no torch in {sys.executable} and no ML environment at {python}; run envs/setup.sh "
+            "or set DRAFTPIPE_ML_PYTHON"
+        )
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(python, [python, *sys.argv])
@@ -123,8 +131,11 @@ class _ScriptOutcome:
         if os.getpid() != self.pid:
             return
         if not self.succeeded():
-            print(f"draftpipe: the job script did not finish ({self.failure or 'exited early'}); no manifests "
-                  "written", file=sys.stderr, flush=True)
+            print(
+                f"draftpipe: the job script did not finish ({self.failure or 'exited early'}); no manifests written",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         for callback in self.callbacks:
             try:
@@ -158,20 +169,15 @@ def start_job(smk) -> None:
     (:func:`draftpipe.provenance.write_manifests`; nothing is written when it fails or exits early)."""
     started_at = os.environ.get(_STARTED_AT_ENV)
     if not started_at:
-        from draftpipe.provenance import now_iso
-
         started_at = now_iso()
         os.environ[_STARTED_AT_ENV] = started_at  # survives the re-exec below
     ensure_ml_python()
     os.environ.pop(_STARTED_AT_ENV, None)
     redirect_output(smk.log[0] if smk.log else None)
-    from draftpipe.gpus import hold
 
     hold(int(getattr(smk.resources, "gpu", 0) or 0))
     if importlib.util.find_spec("torch") is not None:
         limit_threads(smk.threads)
-    from draftpipe.io import remove_interrupted_writes
-    from draftpipe.provenance import manifest_path, remove_manifests
 
     remove_manifests(smk)  # Snakemake has removed the outputs they described
     outputs = [str(o) for o in smk.output]
@@ -181,7 +187,5 @@ def start_job(smk) -> None:
 
 
 def _write_manifests(smk, started_at: str) -> None:
-    from draftpipe.provenance import write_manifests
-
     written = write_manifests(smk, started_at)
     print(f"draftpipe: wrote {len(written)} provenance manifest(s)", file=sys.stderr, flush=True)

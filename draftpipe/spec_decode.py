@@ -18,9 +18,14 @@ import gc
 import json
 from typing import Any
 
+from draftpipe.chat import encode_prompt
+from draftpipe.engine import engine_kwargs
+from draftpipe.io import read_jsonl, write_json
 
-def acceptance_from_counters(num_drafts: float, num_draft_tokens: float, accepted: float,
-                             accepted_per_pos: list[float]) -> dict:
+
+def acceptance_from_counters(
+    num_drafts: float, num_draft_tokens: float, accepted: float, accepted_per_pos: list[float]
+) -> dict:
     """Acceptance figures from vLLM's spec-decode counters.
 
     Args:
@@ -67,8 +72,16 @@ def read_spec_counters(metrics: list[Any]) -> dict:
     return acceptance_from_counters(c["drafts"], c["draft_tokens"], c["accepted"], c["per_pos"])
 
 
-def generate(verifier: str, prompt_token_ids: list[list[int]], *, max_tokens: int, max_model_len: int,
-             dtype: str = "float32", draft: str | None = None, num_speculative_tokens: int = 3) -> dict:
+def generate(
+    verifier: str,
+    prompt_token_ids: list[list[int]],
+    *,
+    max_tokens: int,
+    max_model_len: int,
+    dtype: str = "float32",
+    draft: str | None = None,
+    num_speculative_tokens: int = 3,
+) -> dict:
     """Greedy (temperature 0) generation with the verifier alone, or with the EAGLE-3 draft.
 
     Returns:
@@ -76,15 +89,19 @@ def generate(verifier: str, prompt_token_ids: list[list[int]], *, max_tokens: in
     """
     from vllm import LLM, SamplingParams
 
-    from draftpipe.completions import engine_kwargs
-
     extra = {}
     if draft:
-        extra["speculative_config"] = {"method": "eagle3", "model": draft,
-                                       "num_speculative_tokens": num_speculative_tokens}
+        extra["speculative_config"] = {
+            "method": "eagle3",
+            "model": draft,
+            "num_speculative_tokens": num_speculative_tokens,
+        }
     llm = LLM(**engine_kwargs(verifier, dtype=dtype, max_model_len=max_model_len, seed=0, extra=extra))
-    outs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_token_ids],
-                        SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+    outs = llm.generate(
+        [{"prompt_token_ids": ids} for ids in prompt_token_ids],
+        SamplingParams(temperature=0.0, max_tokens=max_tokens),
+        use_tqdm=False,
+    )
     result = {"token_ids": [list(o.outputs[0].token_ids) for o in outs], "spec": None}
     if draft:
         result["spec"] = read_spec_counters(llm.get_metrics())
@@ -98,9 +115,13 @@ def compare(verifier: str, draft: str, prompt_token_ids: list[list[int]], **kw) 
     base = generate(verifier, prompt_token_ids, **kw)
     spec = generate(verifier, prompt_token_ids, draft=draft, **kw)
     mismatches = [i for i, (a, b) in enumerate(zip(base["token_ids"], spec["token_ids"])) if a != b]
-    return {"identical": not mismatches, "mismatched_prompts": mismatches, **spec["spec"],
-            "num_prompts": len(prompt_token_ids),
-            "output_tokens": sum(len(t) for t in spec["token_ids"])}
+    return {
+        "identical": not mismatches,
+        "mismatched_prompts": mismatches,
+        **spec["spec"],
+        "num_prompts": len(prompt_token_ids),
+        "output_tokens": sum(len(t) for t in spec["token_ids"]),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,14 +138,17 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoTokenizer
 
-    from draftpipe.completions import encode_prompt
-    from draftpipe.io import read_jsonl, write_json
-
     tok = AutoTokenizer.from_pretrained(args.verifier)
     prompts = [encode_prompt(tok, r["messages"]) for r in read_jsonl(args.prompts)]
-    result = compare(args.verifier, args.draft, prompts, max_tokens=args.max_tokens,
-                     max_model_len=args.max_model_len, dtype=args.dtype,
-                     num_speculative_tokens=args.num_speculative_tokens)
+    result = compare(
+        args.verifier,
+        args.draft,
+        prompts,
+        max_tokens=args.max_tokens,
+        max_model_len=args.max_model_len,
+        dtype=args.dtype,
+        num_speculative_tokens=args.num_speculative_tokens,
+    )
     write_json(args.out, result)
     print(json.dumps(result))
 

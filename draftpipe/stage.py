@@ -30,13 +30,14 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from draftpipe.io import sha256_file
-
-STORE = ".store"
+from draftpipe.layout import STORE  # noqa: F401  (the store directory of every stage)
+from draftpipe.provenance import jsonable
 
 
 @dataclass
@@ -128,9 +129,17 @@ def collect_garbage(store: Path, task: ShardTask) -> list[Path]:
     return removed
 
 
-def run_stage(own: ShardTask, siblings: list[ShardTask], store: Path, suffix: str, settings: Any, code: str,
-              compute: Callable[[list[ShardTask]], None], share: bool = True,
-              check: Callable[[Path], str | None] | None = None) -> dict:
+def run_stage(
+    own: ShardTask,
+    siblings: list[ShardTask],
+    store: Path,
+    suffix: str,
+    settings: Any,
+    code: str,
+    compute: Callable[[list[ShardTask]], None],
+    share: bool = True,
+    check: Callable[[Path], str | None] | None = None,
+) -> dict:
     """Fill the stage's stale shards with one verifier load, then link this job's output.
 
     Args:
@@ -167,8 +176,10 @@ def run_stage(own: ShardTask, siblings: list[ShardTask], store: Path, suffix: st
                 reason = check(t.entry) if check else None
                 if reason is None:
                     continue
-                print(f"shard {t.shard}: store entry {t.entry.name} is unusable ({reason}); computing it again",
-                      flush=True)
+                print(
+                    f"shard {t.shard}: store entry {t.entry.name} is unusable ({reason}); computing it again",
+                    flush=True,
+                )
                 t.entry.unlink()
             # Another shard is computed now only if its output is missing or links an older entry (its job is
             # then planned); an output of unknown origin is left to its own job, which Snakemake may not plan.
@@ -196,14 +207,14 @@ def stage_tasks(smk: Any, input_names: list[str]) -> tuple[ShardTask, list[Shard
     shard = smk.wildcards.shard
     own_inputs = [str(getattr(smk.input, n)) for n in input_names]
     own = ShardTask(shard, own_inputs, str(smk.output[0]))
-    sibs = [ShardTask(s, [sibling(p, shard, s) for p in own_inputs], sibling(own.output, shard, s))
-            if s != shard else own for s in smk.params.shards]
+    sibs = [
+        ShardTask(s, [sibling(p, shard, s) for p in own_inputs], sibling(own.output, shard, s)) if s != shard else own
+        for s in smk.params.shards
+    ]
     return own, sibs
 
 
 def stage_settings(smk: Any) -> dict:
     """The job's params without the per-stage shard list: what, with the inputs and code, keys a shard."""
-    from draftpipe.provenance import jsonable
-
     params = {k: v for k, v in smk.params.items() if k != "shards"}
     return jsonable(params)

@@ -67,12 +67,7 @@ def _env_true(name: str) -> bool:
 
 
 def _looks_like_hub_id(spec: str) -> bool:
-    return (
-        len(spec) <= 96 * 2 + 1
-        and _HUB_ID_RE.match(spec) is not None
-        and "--" not in spec
-        and ".." not in spec
-    )
+    return len(spec) <= 96 * 2 + 1 and _HUB_ID_RE.match(spec) is not None and "--" not in spec and ".." not in spec
 
 
 def resolve_verifier(spec: str, field: str = "verifier.path") -> dict:
@@ -131,8 +126,9 @@ def resolve_verifier(spec: str, field: str = "verifier.path") -> dict:
             f"{field}: directory {spec!r} has no config.json, so it is not a Hugging Face model directory{hint}"
         )
     if local.suffix.lower() == ".gguf":
-        raise VerifierNotFoundError(f"{field}: GGUF file {spec!r} does not exist "
-                                    f"(resolved to {os.path.abspath(norm)!r})")
+        raise VerifierNotFoundError(
+            f"{field}: GGUF file {spec!r} does not exist (resolved to {os.path.abspath(norm)!r})"
+        )
     if not _looks_like_hub_id(spec):
         raise VerifierNotFoundError(
             f"{field}: {spec!r} does not exist (resolved to {os.path.abspath(norm)!r}) and is not a Hugging Face "
@@ -168,8 +164,9 @@ def _resolve_hub(repo_id: str, field: str) -> dict:
         try:
             # One HEAD request without retries first: hf_hub_download retries network errors with backoff
             # (about 23 s with no network), too slow for Snakefile parse time.
-            huggingface_hub.get_hf_file_metadata(huggingface_hub.hf_hub_url(repo_id, "config.json"),
-                                                 timeout=10, retry_on_errors=False)
+            huggingface_hub.get_hf_file_metadata(
+                huggingface_hub.hf_hub_url(repo_id, "config.json"), timeout=10, retry_on_errors=False
+            )
             path = huggingface_hub.hf_hub_download(repo_id, "config.json")
         except Exception as exc:  # RepositoryNotFoundError, gated repos, no network, ...
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -182,11 +179,19 @@ def _resolve_hub(repo_id: str, field: str) -> dict:
     )
 
 
-def load_verifier_config(path: str | os.PathLike) -> dict:
-    """Read ``config.json`` of a Hugging Face model directory.
+def text_config(config: dict) -> dict:
+    """The text model's config of a verifier's ``config.json``: its ``text_config`` for a multimodal wrapper
+    (Kimi-K2.5's ``KimiK25ForConditionalGeneration`` over a DeepSeek-V3 text model), else the config itself."""
+    inner = config.get("text_config") if isinstance(config, dict) else None
+    return inner if isinstance(inner, dict) and inner else config
+
+
+def load_verifier_config(path: str | os.PathLike, *, text: bool = False) -> dict:
+    """The one reader of a verifier's ``config.json`` (of a Hugging Face model directory).
 
     Args:
-        path: the model directory (or the ``config.json`` file itself).
+        path: the model directory (or the ``config.json`` file itself, whatever its name).
+        text: return the text model's config (:func:`text_config`).
 
     Returns:
         The parsed JSON object, e.g. for the converted stories260K: ``hidden_size`` 64, ``num_attention_heads`` 8,
@@ -198,7 +203,7 @@ def load_verifier_config(path: str | os.PathLike) -> dict:
         ValueError: the file is not a JSON object.
     """
     p = Path(path)
-    cfg = p if p.name == "config.json" and p.is_file() else p / "config.json"
+    cfg = p if p.is_file() else p / "config.json"
     if not cfg.is_file():
         raise VerifierNotFoundError(f"no config.json in {str(path)!r}: not a Hugging Face model directory")
     try:
@@ -207,7 +212,7 @@ def load_verifier_config(path: str | os.PathLike) -> dict:
         raise ValueError(f"{cfg}: not valid JSON ({exc.msg})") from exc
     if not isinstance(obj, dict):
         raise ValueError(f"{cfg}: expected a JSON object, got {type(obj).__name__}")
-    return obj
+    return text_config(obj) if text else obj
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -215,8 +220,9 @@ def load_verifier_config(path: str | os.PathLike) -> dict:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def strip_gguf_metadata(src: str | os.PathLike, dst: str | os.PathLike,
-                        keys: tuple[str, ...] = BAD_GGUF_METADATA_KEYS) -> list[str]:
+def strip_gguf_metadata(
+    src: str | os.PathLike, dst: str | os.PathLike, keys: tuple[str, ...] = BAD_GGUF_METADATA_KEYS
+) -> list[str]:
     """Copy a GGUF file without the metadata ``keys``; tensors and all other keys are copied unchanged.
 
     The equivalent of ``gguf-new-metadata --remove-metadata K ... --force src dst`` (it calls that script's
@@ -315,8 +321,10 @@ def reparameterize_head_dim(model, new_head_dim: int):
 
     config = model.config
     if getattr(config, "model_type", None) != "llama":
-        raise ValueError(f"reparameterize_head_dim supports Llama models only, got model_type "
-                         f"{getattr(config, 'model_type', None)!r}")
+        raise ValueError(
+            f"reparameterize_head_dim supports Llama models only, got model_type "
+            f"{getattr(config, 'model_type', None)!r}"
+        )
     n_heads, n_kv = config.num_attention_heads, config.num_key_value_heads
     old = getattr(config, "head_dim", None) or config.hidden_size // n_heads
     if isinstance(new_head_dim, bool) or not isinstance(new_head_dim, int) or new_head_dim <= 0:
@@ -335,8 +343,10 @@ def reparameterize_head_dim(model, new_head_dim: int):
     if prf != 1.0:
         raise ValueError(f"partial RoPE (partial_rotary_factor={prf}) is not supported; full RoPE is required")
     if rope_type not in _SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"rope type {rope_type!r} is not supported (supported: {', '.join(_SUPPORTED_ROPE_TYPES)}): "
-                         f"its frequencies depend on head_dim in a way the mapping does not preserve")
+        raise ValueError(
+            f"rope type {rope_type!r} is not supported (supported: {', '.join(_SUPPORTED_ROPE_TYPES)}): "
+            f"its frequencies depend on head_dim in a way the mapping does not preserve"
+        )
 
     r = new_head_dim // old
     q_scale = math.sqrt(r)
@@ -388,10 +398,15 @@ def reparameterize_head_dim(model, new_head_dim: int):
     old_rot, new_rot = _rotary_modules(model), _rotary_modules(new_model)
     for a, b in zip(old_rot, new_rot):
         fa, fb = a.inv_freq.double().cpu(), b.inv_freq.double().cpu()
-        if fb.numel() != r * fa.numel() or not torch.allclose(fb[::r], fa, rtol=1e-6, atol=0.0) or \
-                getattr(a, "attention_scaling", 1.0) != getattr(b, "attention_scaling", 1.0):
-            raise ValueError("rotary frequencies of the re-parameterised model do not match the original ones on "
-                             "the mapped dims; the RoPE configuration is not supported")
+        if (
+            fb.numel() != r * fa.numel()
+            or not torch.allclose(fb[::r], fa, rtol=1e-6, atol=0.0)
+            or getattr(a, "attention_scaling", 1.0) != getattr(b, "attention_scaling", 1.0)
+        ):
+            raise ValueError(
+                "rotary frequencies of the re-parameterised model do not match the original ones on "
+                "the mapped dims; the RoPE configuration is not supported"
+            )
     return new_model
 
 
@@ -407,8 +422,12 @@ def _float32_shortest(x: float) -> float:
     return float(str(np.float32(x)))
 
 
-def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, head_dim: int | None = 32,
-                 max_position_embeddings: int | None = 512) -> dict:
+def convert_gguf(
+    gguf_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    head_dim: int | None = 32,
+    max_position_embeddings: int | None = 512,
+) -> dict:
     """Convert a Llama GGUF (stories260K) into a plain Hugging Face directory that vLLM and transformers load.
 
     Recipe (tiny-verifier.md §2-3, llama.cpp convert / transformers GGUF loader):
@@ -457,7 +476,8 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, head_
     if not src.is_file():
         raise FileNotFoundError(f"GGUF file not found: {str(gguf_path)!r}")
     if max_position_embeddings is not None and (
-            isinstance(max_position_embeddings, bool) or int(max_position_embeddings) <= 0):
+        isinstance(max_position_embeddings, bool) or int(max_position_embeddings) <= 0
+    ):
         raise ValueError(f"max_position_embeddings must be a positive integer, got {max_position_embeddings!r}")
     source_sha = sha256_file(src)
 
@@ -525,8 +545,9 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, head_
             "tokenizer_class": "LlamaTokenizer",
             "unk_token": tokenizer.unk_token,
         }
-        (build / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2, sort_keys=True) + "\n",
-                                                     encoding="utf-8")
+        (build / "tokenizer_config.json").write_text(
+            json.dumps(tok_cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
 
         files = {p.name: sha256_file(p) for p in sorted(build.iterdir()) if p.is_file()}
 
@@ -537,10 +558,22 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, head_
         "source_sha256": source_sha,
         "removed_metadata": removed,
         "original_head_dim": original_head_dim,
-        **{k: saved.get(k) for k in (
-            "head_dim", "hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
-            "intermediate_size", "vocab_size", "max_position_embeddings", "rms_norm_eps",
-            "bos_token_id", "eos_token_id")},
+        **{
+            k: saved.get(k)
+            for k in (
+                "head_dim",
+                "hidden_size",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "num_hidden_layers",
+                "intermediate_size",
+                "vocab_size",
+                "max_position_embeddings",
+                "rms_norm_eps",
+                "bos_token_id",
+                "eos_token_id",
+            )
+        },
         "rope_theta": (saved.get("rope_parameters") or {}).get("rope_theta", saved.get("rope_theta")),
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "files": files,
@@ -548,12 +581,19 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, head_
 
 
 #: Tokenizer files copied from ``tokenizer_dir`` by :func:`build_random_verifier`.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "chat_template.jinja", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
-def build_random_verifier(config_json: str | os.PathLike, out_dir: str | os.PathLike,
-                          tokenizer_dir: str | os.PathLike, seed: int = 0) -> Path:
+def build_random_verifier(
+    config_json: str | os.PathLike, out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike, seed: int = 0
+) -> Path:
     """A verifier of any architecture transformers knows, with random weights, from a ``config.json`` alone.
 
     For tests of architecture families without downloads (DeepSeek-V3's MLA + MoE, Qwen3's q/k norm and explicit
@@ -605,14 +645,17 @@ def main(argv: list[str] | None = None) -> int:
     def _opt_int(s: str) -> int | None:
         return None if s.lower() == "none" else int(s)
 
-    ap = argparse.ArgumentParser(description="Convert a Llama GGUF into a Hugging Face directory (tiny-verifier.md §2-5)")
+    ap = argparse.ArgumentParser(
+        description="Convert a Llama GGUF into a Hugging Face directory (tiny-verifier.md §2-5)"
+    )
     ap.add_argument("gguf")
     ap.add_argument("out_dir")
     ap.add_argument("--head-dim", type=_opt_int, default=32)
     ap.add_argument("--max-position-embeddings", type=_opt_int, default=512)
     args = ap.parse_args(argv)
-    summary = convert_gguf(args.gguf, args.out_dir, head_dim=args.head_dim,
-                           max_position_embeddings=args.max_position_embeddings)
+    summary = convert_gguf(
+        args.gguf, args.out_dir, head_dim=args.head_dim, max_position_embeddings=args.max_position_embeddings
+    )
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0
 

@@ -1,6 +1,6 @@
 """``python -m draftpipe.verify [RESULTS_DIR] [--repair]``: check a results tree against its provenance manifests.
 
-Prints one line per finding (``STATUS path: reason``, see :func:`draftpipe.provenance.verify_tree`) and a
+Prints one line per finding (``STATUS path: reason``, see :func:`draftpipe.integrity.verify_tree`) and a
 summary line. Exit status 0 when nothing is corrupt or stale, else 1 (also after ``--repair``, which moves the
 corrupt artifacts and their manifests to ``RESULTS_DIR/.quarantine/<timestamp>/`` and prints the ``snakemake``
 command that rebuilds them, the stale artifacts and everything downstream; stale artifacts stay in place).
@@ -11,18 +11,24 @@ from __future__ import annotations
 import argparse
 import sys
 
-from draftpipe.provenance import CORRUPT, NOTE, STALE, quarantine, verify_tree
+from draftpipe.integrity import CORRUPT, NOTE, STALE, verify_tree
+from draftpipe.provenance import quarantine
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     ap = argparse.ArgumentParser(prog="python -m draftpipe.verify", description=__doc__.splitlines()[0])
     ap.add_argument("results_dir", nargs="?", default="results", help="results directory (default: results)")
-    ap.add_argument("--repair", action="store_true",
-                    help="move corrupt artifacts and their manifests to RESULTS_DIR/.quarantine/<timestamp>/")
-    ap.add_argument("--workdir", default=None,
-                    help="directory that manifests' relative input paths are relative to (default: the parent "
-                         "of RESULTS_DIR)")
+    ap.add_argument(
+        "--repair",
+        action="store_true",
+        help="move corrupt artifacts and their manifests to RESULTS_DIR/.quarantine/<timestamp>/",
+    )
+    ap.add_argument(
+        "--workdir",
+        default=None,
+        help="directory that manifests' relative input paths are relative to (default: the parent of RESULTS_DIR)",
+    )
     ap.add_argument("--no-shards", action="store_true", help="skip reading the hidden-state shards' tensors")
     args = ap.parse_args(argv)
 
@@ -37,8 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         for src, dest in quarantine(corrupt, args.results_dir):
             print(f"moved {src} -> {dest}")
         if corrupt or stale:
-            print(f"repair: {len(corrupt)} corrupt artifact(s) quarantined, {len(stale)} stale left in place; "
-                  f"rebuild with: {rebuild_command(corrupt, stale)}")
+            print(
+                f"repair: {len(corrupt)} corrupt artifact(s) quarantined, {len(stale)} stale left in place; "
+                f"rebuild with: {rebuild_command(corrupt, stale)}"
+            )
     return 1 if counts[CORRUPT] or counts[STALE] else 0
 
 

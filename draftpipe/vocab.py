@@ -10,12 +10,18 @@ no mapping: vLLM refuses a ``d2t`` it has no parameter for.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from draftpipe.io import save_safetensors
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = "draftpipe.vocab_maps.v1"
 
 
-def count_tokens(samples: Iterable[dict], vocab_size: int) -> "torch.Tensor":
+def count_tokens(samples: Iterable[dict], vocab_size: int) -> torch.Tensor:
     """Count loss-masked tokens over training samples.
 
     Args:
@@ -39,7 +45,7 @@ def count_tokens(samples: Iterable[dict], vocab_size: int) -> "torch.Tensor":
     return counts
 
 
-def frequency_table(counts: "torch.Tensor", selected: "torch.Tensor | None", tokenizer=None):
+def frequency_table(counts: torch.Tensor, selected: torch.Tensor | None, tokenizer=None):
     """A pandas table of every token id: ``token_id``, ``count``, ``frequency``, ``rank``, ``in_draft``, ``token``."""
     import pandas as pd
 
@@ -54,7 +60,7 @@ def frequency_table(counts: "torch.Tensor", selected: "torch.Tensor | None", tok
     return frame.sort_values("rank").reset_index(drop=True)
 
 
-def build_maps(counts: "torch.Tensor", draft_vocab_size: int):
+def build_maps(counts: torch.Tensor, draft_vocab_size: int):
     """d2t and t2d from token counts, with speculators' ``build_vocab_mappings_from_distribution``.
 
     Ties are broken by the smaller id; when fewer than ``Vd`` tokens were seen, the lowest unseen ids fill up.
@@ -76,7 +82,7 @@ def build_maps(counts: "torch.Tensor", draft_vocab_size: int):
     return build_vocab_mappings_from_distribution(freq, draft_vocab_size, vocab_size)
 
 
-def check_maps(d2t: "torch.Tensor", t2d: "torch.Tensor", vocab_size: int) -> None:
+def check_maps(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int) -> None:
     """Assert the vLLM validity rules of a mapping (eagle3-checkpoint-format §2).
 
     Raises:
@@ -100,18 +106,20 @@ def check_maps(d2t: "torch.Tensor", t2d: "torch.Tensor", vocab_size: int) -> Non
 def write_maps(path: str, d2t, t2d, vocab_size: int, draft_vocab_size: int) -> None:
     """Write the maps as safetensors (``d2t``, ``t2d``; no tensors when there is no mapping), atomically, with a
     canonical header (:func:`draftpipe.io.save_safetensors`)."""
-    from draftpipe.io import save_safetensors
-
     tensors = {} if d2t is None else {"d2t": d2t.contiguous(), "t2d": t2d.contiguous()}
-    meta = {"format": FORMAT, "vocab_size": str(vocab_size), "draft_vocab_size": str(draft_vocab_size),
-            "mapping": "none" if d2t is None else "d2t"}
+    meta = {
+        "format": FORMAT,
+        "vocab_size": str(vocab_size),
+        "draft_vocab_size": str(draft_vocab_size),
+        "mapping": "none" if d2t is None else "d2t",
+    }
     save_safetensors(path, tensors, meta)
 
 
 def read_maps(path: str):
     """Read maps written by :func:`write_maps`: ``(d2t or None, t2d or None, draft_vocab_size)``."""
-    from safetensors.torch import load_file
     from safetensors import safe_open
+    from safetensors.torch import load_file
 
     with safe_open(path, framework="pt") as fh:
         meta = fh.metadata() or {}

@@ -4,11 +4,10 @@ import os
 import sys
 
 from draftpipe.plan import DiskSpaceError, check_disk, format_plan, plan
-
-from draftpipe.chat import template_sha256
-from draftpipe.completions import template_kwargs
+from draftpipe.chat import template_kwargs, template_sha256
 from draftpipe.fingerprint import prompt_fingerprints
 from draftpipe.hidden_states import check_shards_cached
+from draftpipe.layout import SHARD_HEADER_CACHE
 from draftpipe.provenance import quarantine
 from draftpipe.ranks import slurm_resources
 from draftpipe.config import ConfigError, check_config, verifier_identity
@@ -135,7 +134,7 @@ def stage_resources(stage):
 if workflow.is_main_process:
     # A truncated or corrupt hidden-state shard (a disk error, a copy cut short) is moved aside before Snakemake
     # plans, so that it is rebuilt instead of trained on. Shards that passed are remembered by size/mtime/inode.
-    _bad = check_shards_cached(hidden_shards(), ".snakemake/draftpipe/shard_headers.json")
+    _bad = check_shards_cached(hidden_shards(), SHARD_HEADER_CACHE)
     if _bad:
         for _src, _dst in quarantine(list(_bad), "results"):
             if _src.name.endswith(".safetensors"):

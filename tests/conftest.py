@@ -48,8 +48,9 @@ def tiny_verifier(verifier_dir, tmp_path_factory):
 
     def get(name: str) -> Path:
         if name not in built:
-            built[name] = build_random_verifier(TINY_CONFIGS / f"{name}.json",
-                                                tmp_path_factory.mktemp("tiny") / name, verifier_dir)
+            built[name] = build_random_verifier(
+                TINY_CONFIGS / f"{name}.json", tmp_path_factory.mktemp("tiny") / name, verifier_dir
+            )
         return built[name]
 
     return get

@@ -27,11 +27,24 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     rows = read_jsonl(rows_file)
     requests = out / "requests"
-    llm = ex.open_extractor(verifier, layer_ids=ex.engine_layer_ids(aux, num_layers), dtype="float32",
-                            max_len=max(len(r["prompt_token_ids"]) + len(r["completion_token_ids"]) for r in rows),
-                            seed=0, request_dir=requests)
+    llm = ex.open_extractor(
+        verifier,
+        layer_ids=ex.engine_layer_ids(aux, num_layers),
+        dtype="float32",
+        max_len=max(len(r["prompt_token_ids"]) + len(r["completion_token_ids"]) for r in rows),
+        seed=0,
+        request_dir=requests,
+    )
     for name, budget in (("batch", 1 << 30), ("single", 1), ("cached", 1 << 30)):
-        samples = ex.build_samples(llm, rows, aux_ids=aux, num_layers=num_layers, max_len=1 << 30,
-                                   dtype=torch.float32, request_dir=requests, batch_tokens=budget)
+        samples = ex.build_samples(
+            llm,
+            rows,
+            aux_ids=aux,
+            num_layers=num_layers,
+            max_len=1 << 30,
+            dtype=torch.float32,
+            request_dir=requests,
+            batch_tokens=budget,
+        )
         write_shard(str(out / f"{name}.safetensors"), samples, {"aux_layer_ids": sorted(aux)})
     (out / "left.json").write_text(json.dumps(sorted(os.listdir(requests))))

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from workflow import copy_workflow, snakemake, variant
 
 from draftpipe.compat import live_unsupported
 from draftpipe.hidden_states import iter_shard, read_shard_metadata
-from workflow import copy_workflow, snakemake, variant
 
 
 def _tiny_budget(verifier, aux, max_tokens):
@@ -25,11 +25,13 @@ def _tiny_budget(verifier, aux, max_tokens):
         c["verifier"].update(path=str(verifier), max_model_len=256)
         c["prompts"].update(num_shards=1, eval_fraction=0.25)
         # greedy: a random verifier's greedy continuations settle into cycles a one-layer draft learns
-        c["completions"].update(samples_per_prompt=1, max_tokens=max_tokens, temperature=0.0,
-                                max_truncated_fraction=1.0)  # random weights seldom end an answer
+        c["completions"].update(
+            samples_per_prompt=1, max_tokens=max_tokens, temperature=0.0, max_truncated_fraction=1.0
+        )  # random weights seldom end an answer
         c["hidden_states"].update(aux_layer_ids=aux)
         c["draft"].update(epochs=8, total_seq_len=256)  # about 8 steps of 256 tokens per epoch
         c["report"].update(live_check=True, live_prompts=2, live_max_tokens=16)
+
     return change
 
 
@@ -41,8 +43,14 @@ def test_tiny_verifier_end_to_end(name, layers, hidden, max_tokens, tiny_verifie
     lines = (work / "draftpipe/data/prompts/tinystories_evaluation_prompts.jsonl").read_text().splitlines()
     prompts.write_text("\n".join(lines[:24]) + "\n")
     aux = [3, 1, 2]
-    cfg = variant(work, name, lambda c: (_tiny_budget(tiny_verifier(name), aux, max_tokens)(c),
-                                         c["prompts"].update(sources=[{"path": "prompts.jsonl"}])))
+    cfg = variant(
+        work,
+        name,
+        lambda c: (
+            _tiny_budget(tiny_verifier(name), aux, max_tokens)(c),
+            c["prompts"].update(sources=[{"path": "prompts.jsonl"}]),
+        ),
+    )
     snakemake(work, "results/report/compat.json", "--configfile", cfg)
 
     shard = work / "results/hidden_states/train_00000.safetensors"
@@ -66,4 +74,5 @@ def test_tiny_verifier_end_to_end(name, layers, hidden, max_tokens, tiny_verifie
     assert live["num_drafts"] > 0 and live["num_accepted_tokens"] > 0
     draft = json.loads((work / "results/draft/config.json").read_text())
     assert draft["speculators_config"]["verifier"]["architectures"][0].startswith(
-        "Qwen3" if "qwen3" in name else "DeepseekV3")
+        "Qwen3" if "qwen3" in name else "DeepseekV3"
+    )

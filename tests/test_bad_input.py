@@ -17,6 +17,7 @@ import sys
 
 import pytest
 import yaml
+from conftest import REPO, TINYSTORIES
 
 from draftpipe.completions import (
     ChatTemplateError,
@@ -30,8 +31,6 @@ from draftpipe.config import ConfigError, check_config, validate_config
 from draftpipe.io import write_jsonl
 from draftpipe.prompts import PromptFormatError, load_prompts, normalise_record
 from draftpipe.verifier import VerifierNotFoundError, resolve_verifier
-
-from conftest import REPO, TINYSTORIES
 
 ROLES = "assistant, bot, function, function_call, gpt, human, ipython, model, observation, prompter, system, tool, user"
 SHAPES = "'messages', 'conversations', 'turns', 'prompt'"
@@ -63,114 +62,327 @@ THREE_LINES = jsonl(*({"prompt": f"story {i} " + "x" * 40} for i in range(3)))
 
 # (filename, file bytes, source "field", expected message given the source's path)
 SOURCE_ERRORS = [
-    pytest.param("p.jsonl", b'{"prompt": "ok"}\n{"prompt": "broken"\n', None,
-                 lambda p: f"{p}:2: malformed JSON line (Expecting ',' delimiter at column 20)",
-                 id="malformed-json-line"),
-    pytest.param("p.jsonl", b'{"prompt": "ok"}\n{"prompt": "a", }\n', None,
-                 lambda p: f"{p}:2: malformed JSON line (Expecting property name enclosed in double quotes at "
-                           "column 17)",
-                 id="trailing-comma"),
-    pytest.param("p.jsonl", jsonl(OK, ["Once upon a time"]), None,
-                 lambda p: f"{p}:2: expected a JSON object, got array", id="line-is-array"),
-    pytest.param("p.jsonl", jsonl(OK, OK, 42), None,
-                 lambda p: f"{p}:3: expected a JSON object, got number", id="line-is-number"),
-    pytest.param("p.jsonl", jsonl(OK, "Once upon a time"), None,
-                 lambda p: f"{p}:2: expected a JSON object, got string", id="line-is-string"),
-    pytest.param("p.jsonl", jsonl(OK, b"null"), None,
-                 lambda p: f"{p}:2: expected a JSON object, got null", id="line-is-null"),
-    pytest.param("p.jsonl", jsonl(OK, {"text": "no prompt key", "title": "t"}), None,
-                 lambda p: f"{p}:2: record has none of the keys {SHAPES} (its keys: 'text', 'title')",
-                 id="no-prompt-key"),
-    pytest.param("p.jsonl", jsonl({}), None,
-                 lambda p: f"{p}:1: record has none of the keys {SHAPES} (its keys: none)", id="empty-object"),
-    pytest.param("p.jsonl", jsonl({"question": "2+2?"}, {"prompt": "3+3?"}), "question",
-                 lambda p: f"{p}:2: record has no key 'question' (its keys: 'prompt')", id="no-configured-field"),
-    pytest.param("p.jsonl", jsonl({"prompt": None}), None,
-                 lambda p: f"{p}:1: 'prompt' must be a string, got null", id="prompt-null"),
-    pytest.param("p.jsonl", jsonl({"prompt": ["a", "b"]}), None,
-                 lambda p: f"{p}:1: 'prompt' must be a string, got array", id="prompt-list"),
-    pytest.param("p.jsonl", b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n', None,
-                 lambda p: f"{p}:2: not valid UTF-8 at byte 16 of the line (invalid continuation byte)",
-                 id="latin1-byte-in-jsonl"),
-    pytest.param("p.jsonl", b'{"prompt": "\xff\xfe"}\n', None,
-                 lambda p: f"{p}:1: not valid UTF-8 at byte 13 of the line (invalid start byte)",
-                 id="non-utf8-jsonl"),
-    pytest.param("p.json", b'[\n  {"prompt": "a"},\n  {"prompt": "\xff"}\n]\n', None,
-                 lambda p: f"{p}:3: not valid UTF-8 (invalid start byte)", id="non-utf8-json"),
-    pytest.param("p.jsonl", jsonl({"id": "q1", "prompt": "a"}, {"id": "q2", "prompt": "b"},
-                                  {"id": "q1", "prompt": "c"}), None,
-                 lambda p: f"{p}:3: id 'q1' was already used for a different prompt at {p}:1",
-                 id="explicit-id-twice"),
-    pytest.param("p.jsonl", jsonl({"messages": [{"role": "narrator", "content": "a"}]}), None,
-                 lambda p: f"{p}:1: messages[0] has unknown role 'narrator' (accepted: {ROLES})", id="unknown-role"),
-    pytest.param("p.jsonl", jsonl({"conversations": [{"from": "human", "value": "a"}, {"from": "critic", "value": "b"},
-                                                     {"from": "human", "value": "c"}]}), None,
-                 lambda p: f"{p}:1: conversations[1] has unknown role 'critic' (accepted: {ROLES})",
-                 id="unknown-sharegpt-from"),
-    pytest.param("p.jsonl", jsonl({"conversations": [{"from": "human", "value": "a"},
-                                                     {"from": "function_call", "value": "get(x)"},
-                                                     {"from": "observation", "value": "1"}]}), None,
-                 lambda p: f"{p}:1: conversations[1] (function_call) is not JSON (Expecting value)",
-                 id="sharegpt-function-call-not-json"),
-    pytest.param("p.jsonl", jsonl({"messages": [{"role": "user", "content": "a"},
-                                                {"role": "assistant", "content": None, "tool_calls": {"name": "x"}},
-                                                {"role": "tool", "content": "1"}]}), None,
-                 lambda p: f"{p}:1: messages[1].tool_calls must be a list, got object", id="tool-calls-not-a-list"),
-    pytest.param("p.jsonl", jsonl({"tools": "[{", "messages": [{"role": "user", "content": "a"}]}), None,
-                 lambda p: f"{p}:1: 'tools' is a string but not JSON (Expecting property name enclosed in double "
-                           "quotes)", id="tools-not-json"),
-    pytest.param("p.jsonl", jsonl({"messages": [{"content": "a"}]}), None,
-                 lambda p: f"{p}:1: messages[0] has no 'role' (or 'from')", id="missing-role"),
-    pytest.param("p.jsonl", jsonl({"messages": [{"role": 1, "content": "a"}]}), None,
-                 lambda p: f"{p}:1: messages[0] has unknown role 1 (accepted: {ROLES})", id="role-not-string"),
-    pytest.param("p.jsonl", jsonl({"messages": [{"role": "user", "content": 42}]}), None,
-                 lambda p: f"{p}:1: messages[0] content must be a string or a list of text parts, got number",
-                 id="content-number"),
-    pytest.param("p.jsonl", jsonl({"messages": [{"role": "system", "content": "s"}, {"role": "user"}]}), None,
-                 lambda p: f"{p}:1: messages[1] content must be a string or a list of text parts, got null",
-                 id="content-missing"),
-    pytest.param("p.jsonl", jsonl({"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "x.png"}}]}]}), None,
-                 lambda p: f"{p}:1: messages[0] content[1] is not a text part ('image_url'); only text prompts are "
-                           "supported", id="content-image-part"),
-    pytest.param("p.jsonl", jsonl({"messages": "hello"}), None,
-                 lambda p: f"{p}:1: 'messages' must be a list of messages, got string", id="messages-not-list"),
-    pytest.param("p.jsonl", jsonl({"messages": ["hello"]}), None,
-                 lambda p: f"{p}:1: messages[0] must be an object, got string", id="message-not-object"),
-    pytest.param("p.jsonl", jsonl({"turns": "hello"}), None,
-                 lambda p: f"{p}:1: 'turns' must be a list of strings", id="turns-not-list"),
-    pytest.param("p.csv", b"prompt\nOnce upon a time\n", None,
-                 lambda p: f"{p}: unknown prompt source format '.csv' (use .jsonl, .json or .parquet, optionally "
-                           "followed by .gz)", id="csv-suffix"),
-    pytest.param("p.txt.gz", gzip.compress(b"Once upon a time\n"), None,
-                 lambda p: f"{p}: unknown prompt source format '.txt' (use .jsonl, .json or .parquet, optionally "
-                           "followed by .gz)", id="txt-gz-suffix"),
-    pytest.param("prompts", jsonl(OK), None,
-                 lambda p: f"{p}: unknown prompt source format 'prompts' (use .jsonl, .json or .parquet, optionally "
-                           "followed by .gz)", id="no-suffix"),
-    pytest.param("p.json", json.dumps({"prompts": [OK]}).encode(), None,
-                 lambda p: f"{p}: a .json prompt source must be an array of records, got object", id="json-object"),
-    pytest.param("p.json", b'"Once upon a time"', None,
-                 lambda p: f"{p}: a .json prompt source must be an array of records, got string", id="json-string"),
-    pytest.param("p.json", b'[\n  {"prompt": "a"},\n  {"prompt": "b"}\n  {"prompt": "c"}\n]\n', None,
-                 lambda p: f"{p}:4: malformed JSON (Expecting ',' delimiter at column 3)", id="json-missing-comma"),
-    pytest.param("p.json", b'[\n  {"prompt": "a"},\n]\n', None,
-                 lambda p: f"{p}:3: malformed JSON (Expecting value at column 1)", id="json-trailing-comma"),
-    pytest.param("p.json", b'[{"prompt": "a"}]\n[{"prompt": "b"}]\n', None,
-                 lambda p: f"{p}:2: malformed JSON (Extra data at column 1)", id="json-two-arrays"),
-    pytest.param("p.json", b"", None,
-                 lambda p: f"{p}:1: malformed JSON (Expecting value at column 1)", id="json-empty-file"),
-    pytest.param("p.json", b'[\n  {"prompt": "a"},\n  ["b"]\n]\n', None,
-                 lambda p: f"{p}:3: expected a JSON object, got array", id="json-item-not-object"),
-    pytest.param("p.jsonl.gz", half_gzip(THREE_LINES), None,
-                 lambda p: f"{p}:2: gzip file is truncated ({TRUNCATED_GZIP})", id="truncated-jsonl-gz"),
-    pytest.param("p.json.gz", half_gzip(json.dumps([OK] * 20).encode()), None,
-                 lambda p: f"{p}: gzip file is truncated ({TRUNCATED_GZIP})", id="truncated-json-gz"),
-    pytest.param("p.jsonl.gz", jsonl(OK), None,
-                 lambda p: f"{p}:1: gzip file is corrupt (Not a gzipped file (b'{{\"'))", id="gz-not-gzipped"),
+    pytest.param(
+        "p.jsonl",
+        b'{"prompt": "ok"}\n{"prompt": "broken"\n',
+        None,
+        lambda p: f"{p}:2: malformed JSON line (Expecting ',' delimiter at column 20)",
+        id="malformed-json-line",
+    ),
+    pytest.param(
+        "p.jsonl",
+        b'{"prompt": "ok"}\n{"prompt": "a", }\n',
+        None,
+        lambda p: f"{p}:2: malformed JSON line (Expecting property name enclosed in double quotes at column 17)",
+        id="trailing-comma",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl(OK, ["Once upon a time"]),
+        None,
+        lambda p: f"{p}:2: expected a JSON object, got array",
+        id="line-is-array",
+    ),
+    pytest.param(
+        "p.jsonl", jsonl(OK, OK, 42), None, lambda p: f"{p}:3: expected a JSON object, got number", id="line-is-number"
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl(OK, "Once upon a time"),
+        None,
+        lambda p: f"{p}:2: expected a JSON object, got string",
+        id="line-is-string",
+    ),
+    pytest.param(
+        "p.jsonl", jsonl(OK, b"null"), None, lambda p: f"{p}:2: expected a JSON object, got null", id="line-is-null"
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl(OK, {"text": "no prompt key", "title": "t"}),
+        None,
+        lambda p: f"{p}:2: record has none of the keys {SHAPES} (its keys: 'text', 'title')",
+        id="no-prompt-key",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl({}),
+        None,
+        lambda p: f"{p}:1: record has none of the keys {SHAPES} (its keys: none)",
+        id="empty-object",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl({"question": "2+2?"}, {"prompt": "3+3?"}),
+        "question",
+        lambda p: f"{p}:2: record has no key 'question' (its keys: 'prompt')",
+        id="no-configured-field",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl({"prompt": None}),
+        None,
+        lambda p: f"{p}:1: 'prompt' must be a string, got null",
+        id="prompt-null",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl({"prompt": ["a", "b"]}),
+        None,
+        lambda p: f"{p}:1: 'prompt' must be a string, got array",
+        id="prompt-list",
+    ),
+    pytest.param(
+        "p.jsonl",
+        b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n',
+        None,
+        lambda p: f"{p}:2: not valid UTF-8 at byte 16 of the line (invalid continuation byte)",
+        id="latin1-byte-in-jsonl",
+    ),
+    pytest.param(
+        "p.jsonl",
+        b'{"prompt": "\xff\xfe"}\n',
+        None,
+        lambda p: f"{p}:1: not valid UTF-8 at byte 13 of the line (invalid start byte)",
+        id="non-utf8-jsonl",
+    ),
+    pytest.param(
+        "p.json",
+        b'[\n  {"prompt": "a"},\n  {"prompt": "\xff"}\n]\n',
+        None,
+        lambda p: f"{p}:3: not valid UTF-8 (invalid start byte)",
+        id="non-utf8-json",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl({"id": "q1", "prompt": "a"}, {"id": "q2", "prompt": "b"}, {"id": "q1", "prompt": "c"}),
+        None,
+        lambda p: f"{p}:3: id 'q1' was already used for a different prompt at {p}:1",
+        id="explicit-id-twice",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl({"messages": [{"role": "narrator", "content": "a"}]}),
+        None,
+        lambda p: f"{p}:1: messages[0] has unknown role 'narrator' (accepted: {ROLES})",
+        id="unknown-role",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl(
+            {
+                "conversations": [
+                    {"from": "human", "value": "a"},
+                    {"from": "critic", "value": "b"},
+                    {"from": "human", "value": "c"},
+                ]
+            }
+        ),
+        None,
+        lambda p: f"{p}:1: conversations[1] has unknown role 'critic' (accepted: {ROLES})",
+        id="unknown-sharegpt-from",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl(
+            {
+                "conversations": [
+                    {"from": "human", "value": "a"},
+                    {"from": "function_call", "value": "get(x)"},
+                    {"from": "observation", "value": "1"},
+                ]
+            }
+        ),
+        None,
+        lambda p: f"{p}:1: conversations[1] (function_call) is not JSON (Expecting value)",
+        id="sharegpt-function-call-not-json",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl(
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "content": None, "tool_calls": {"name": "x"}},
+                    {"role": "tool", "content": "1"},
+                ]
+            }
+        ),
+        None,
+        lambda p: f"{p}:1: messages[1].tool_calls must be a list, got object",
+        id="tool-calls-not-a-list",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl({"tools": "[{", "messages": [{"role": "user", "content": "a"}]}),
+        None,
+        lambda p: f"{p}:1: 'tools' is a string but not JSON (Expecting property name enclosed in double quotes)",
+        id="tools-not-json",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl({"messages": [{"content": "a"}]}),
+        None,
+        lambda p: f"{p}:1: messages[0] has no 'role' (or 'from')",
+        id="missing-role",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl({"messages": [{"role": 1, "content": "a"}]}),
+        None,
+        lambda p: f"{p}:1: messages[0] has unknown role 1 (accepted: {ROLES})",
+        id="role-not-string",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl({"messages": [{"role": "user", "content": 42}]}),
+        None,
+        lambda p: f"{p}:1: messages[0] content must be a string or a list of text parts, got number",
+        id="content-number",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl({"messages": [{"role": "system", "content": "s"}, {"role": "user"}]}),
+        None,
+        lambda p: f"{p}:1: messages[1] content must be a string or a list of text parts, got null",
+        id="content-missing",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "what is this?"},
+                            {"type": "image_url", "image_url": {"url": "x.png"}},
+                        ],
+                    }
+                ]
+            }
+        ),
+        None,
+        lambda p: f"{p}:1: messages[0] content[1] is not a text part ('image_url'); only text prompts are supported",
+        id="content-image-part",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl({"messages": "hello"}),
+        None,
+        lambda p: f"{p}:1: 'messages' must be a list of messages, got string",
+        id="messages-not-list",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl({"messages": ["hello"]}),
+        None,
+        lambda p: f"{p}:1: messages[0] must be an object, got string",
+        id="message-not-object",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl({"turns": "hello"}),
+        None,
+        lambda p: f"{p}:1: 'turns' must be a list of strings",
+        id="turns-not-list",
+    ),
+    pytest.param(
+        "p.csv",
+        b"prompt\nOnce upon a time\n",
+        None,
+        lambda p: (
+            f"{p}: unknown prompt source format '.csv' (use .jsonl, .json or .parquet, optionally followed by .gz)"
+        ),
+        id="csv-suffix",
+    ),
+    pytest.param(
+        "p.txt.gz",
+        gzip.compress(b"Once upon a time\n"),
+        None,
+        lambda p: (
+            f"{p}: unknown prompt source format '.txt' (use .jsonl, .json or .parquet, optionally followed by .gz)"
+        ),
+        id="txt-gz-suffix",
+    ),
+    pytest.param(
+        "prompts",
+        jsonl(OK),
+        None,
+        lambda p: (
+            f"{p}: unknown prompt source format 'prompts' (use .jsonl, .json or .parquet, optionally followed by .gz)"
+        ),
+        id="no-suffix",
+    ),
+    pytest.param(
+        "p.json",
+        json.dumps({"prompts": [OK]}).encode(),
+        None,
+        lambda p: f"{p}: a .json prompt source must be an array of records, got object",
+        id="json-object",
+    ),
+    pytest.param(
+        "p.json",
+        b'"Once upon a time"',
+        None,
+        lambda p: f"{p}: a .json prompt source must be an array of records, got string",
+        id="json-string",
+    ),
+    pytest.param(
+        "p.json",
+        b'[\n  {"prompt": "a"},\n  {"prompt": "b"}\n  {"prompt": "c"}\n]\n',
+        None,
+        lambda p: f"{p}:4: malformed JSON (Expecting ',' delimiter at column 3)",
+        id="json-missing-comma",
+    ),
+    pytest.param(
+        "p.json",
+        b'[\n  {"prompt": "a"},\n]\n',
+        None,
+        lambda p: f"{p}:3: malformed JSON (Expecting value at column 1)",
+        id="json-trailing-comma",
+    ),
+    pytest.param(
+        "p.json",
+        b'[{"prompt": "a"}]\n[{"prompt": "b"}]\n',
+        None,
+        lambda p: f"{p}:2: malformed JSON (Extra data at column 1)",
+        id="json-two-arrays",
+    ),
+    pytest.param(
+        "p.json", b"", None, lambda p: f"{p}:1: malformed JSON (Expecting value at column 1)", id="json-empty-file"
+    ),
+    pytest.param(
+        "p.json",
+        b'[\n  {"prompt": "a"},\n  ["b"]\n]\n',
+        None,
+        lambda p: f"{p}:3: expected a JSON object, got array",
+        id="json-item-not-object",
+    ),
+    pytest.param(
+        "p.jsonl.gz",
+        half_gzip(THREE_LINES),
+        None,
+        lambda p: f"{p}:2: gzip file is truncated ({TRUNCATED_GZIP})",
+        id="truncated-jsonl-gz",
+    ),
+    pytest.param(
+        "p.json.gz",
+        half_gzip(json.dumps([OK] * 20).encode()),
+        None,
+        lambda p: f"{p}: gzip file is truncated ({TRUNCATED_GZIP})",
+        id="truncated-json-gz",
+    ),
+    pytest.param(
+        "p.jsonl.gz",
+        jsonl(OK),
+        None,
+        lambda p: f"{p}:1: gzip file is corrupt (Not a gzipped file (b'{{\"'))",
+        id="gz-not-gzipped",
+    ),
     pytest.param("p.jsonl", b"", None, lambda p: f"{p}: the prompt source has no records", id="empty-jsonl"),
-    pytest.param("p.jsonl", b"\n  \n\n", None, lambda p: f"{p}: the prompt source has no records",
-                 id="blank-lines-only"),
+    pytest.param(
+        "p.jsonl", b"\n  \n\n", None, lambda p: f"{p}: the prompt source has no records", id="blank-lines-only"
+    ),
     pytest.param("p.json", b"[]", None, lambda p: f"{p}: the prompt source has no records", id="empty-json-array"),
 ]
 
@@ -210,7 +422,8 @@ def test_parquet_errors_name_the_row(tmp_path):
     path = tmp_path / "p.parquet"
     pd.DataFrame({"prompt": ["a", None, "c"]}).to_parquet(path)
     assert raised(PromptFormatError, load_prompts, [{"path": str(path)}]) == (
-        f"{path}: row 2: 'prompt' must be a string, got null")
+        f"{path}: row 2: 'prompt' must be a string, got null"
+    )
 
 
 # ------------------------------------------------------------------------------------- dropped and counted
@@ -223,12 +436,13 @@ NO_PROMPT = [
     pytest.param({"conversations": []}, id="empty-conversations"),
     pytest.param({"turns": []}, id="empty-turns"),
     pytest.param({"turns": ["  "]}, id="blank-first-turn"),
-    pytest.param({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "a"}]},
-                 id="empty-user-before-answer"),
+    pytest.param(
+        {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "a"}]},
+        id="empty-user-before-answer",
+    ),
     pytest.param({"messages": [{"role": "assistant", "content": "a"}]}, id="answer-only"),
     pytest.param({"messages": [{"role": "system", "content": "be brief"}]}, id="system-only"),
-    pytest.param({"messages": [{"role": "user", "content": [{"type": "text", "text": "  "}]}]},
-                 id="blank-text-parts"),
+    pytest.param({"messages": [{"role": "user", "content": [{"type": "text", "text": "  "}]}]}, id="blank-text-parts"),
 ]
 
 
@@ -238,7 +452,9 @@ def test_record_without_prompt_is_dropped_and_counted(tmp_path, record):
     path.write_bytes(jsonl(OK, record, {"prompt": "The end"}))
     records, stats = load_prompts([{"path": str(path)}])
     assert [r["messages"][0]["content"] for r in sorted(records, key=lambda r: r["line"])] == [
-        "Once upon a time", "The end"]
+        "Once upon a time",
+        "The end",
+    ]
     assert (stats.read, stats.empty, stats.duplicates, stats.kept) == (3, 1, 0, 2)
     assert stats.empty_at == [f"{path}:2"]
     assert stats.per_source == {str(path): {"read": 3, "empty": 1, "kept": 2}}
@@ -262,8 +478,9 @@ def test_source_of_only_empty_prompts_loads_with_nothing_kept(tmp_path):
 def test_duplicates_by_content_and_by_explicit_id(tmp_path):
     a = tmp_path / "a.jsonl"
     # line 3 repeats line 1 (same id, same prompt): a duplicate; line 4 is the same prompt under another id
-    a.write_bytes(jsonl({"id": 1, "prompt": "x"}, {"id": 2, "prompt": "y"}, {"id": 1, "prompt": "x"},
-                        {"id": 3, "prompt": "x"}))
+    a.write_bytes(
+        jsonl({"id": 1, "prompt": "x"}, {"id": 2, "prompt": "y"}, {"id": 1, "prompt": "x"}, {"id": 3, "prompt": "x"})
+    )
     b = tmp_path / "b.jsonl"
     b.write_bytes(jsonl({"id": 1, "prompt": "z"}))  # ids are per source: another source may reuse 1
     records, stats = load_prompts([{"path": str(a)}, {"path": str(b)}])
@@ -274,14 +491,17 @@ def test_duplicates_by_content_and_by_explicit_id(tmp_path):
     c = tmp_path / "c.jsonl"
     c.write_bytes(jsonl({"id": 7, "prompt": "x"}, {"id": 7, "prompt": "y"}))
     assert raised(PromptFormatError, load_prompts, [{"path": str(c)}]) == (
-        f"{c}:2: id 7 was already used for a different prompt at {c}:1")
+        f"{c}:2: id 7 was already used for a different prompt at {c}:1"
+    )
 
 
 def test_lenient_reading(tmp_path):
     """What is accepted although unusual: a byte-order mark, CRLF line ends, blank lines, text parts."""
     path = tmp_path / "p.jsonl"
-    path.write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\r\n\r\n{"messages": [{"role": "User", "content": '
-                     b'[{"type": "text", "text": "b"}, {"type": "text", "text": "c"}]}]}\r\n')
+    path.write_bytes(
+        b'\xef\xbb\xbf{"prompt": "a"}\r\n\r\n{"messages": [{"role": "User", "content": '
+        b'[{"type": "text", "text": "b"}, {"type": "text", "text": "c"}]}]}\r\n'
+    )
     records, stats = load_prompts([{"path": str(path)}])
     assert sorted((r["line"], r["messages"][0]["content"]) for r in records) == [(1, "a"), (3, "bc")]
     arr = tmp_path / "p.json"
@@ -292,7 +512,8 @@ def test_lenient_reading(tmp_path):
 
 def test_normalise_record_names_where():
     assert raised(PromptFormatError, normalise_record, 3.5, "src.jsonl:9") == (
-        "src.jsonl:9: expected a JSON object, got number")
+        "src.jsonl:9: expected a JSON object, got number"
+    )
 
 
 # --------------------------------------------------------------------------------- finished work is safe
@@ -352,27 +573,57 @@ def _set(cfg: dict, dotted: str, value) -> dict:
 
 
 CONFIG_ERRORS = [
-    pytest.param("prompts.sources", [{"path": "no/such/prompts.jsonl"}],
-                 "prompts.sources[0].path: no/such/prompts.jsonl does not exist", id="missing-prompt-file"),
-    pytest.param("prompts.sources", [{"path": str(TINYSTORIES)}, {"path": "data/missing.json"}],
-                 "prompts.sources[1].path: data/missing.json does not exist", id="missing-second-prompt-file"),
-    pytest.param("bench.prompt_sets", [{"name": "mt", "path": "no/mt_bench.jsonl"}],
-                 "bench.prompt_sets[0].path: no/mt_bench.jsonl does not exist", id="missing-bench-set"),
-    pytest.param("hidden_states.aux_layer_ids", [1, 2, 9],
-                 "hidden_states.aux_layer_ids: ids [9] are outside [0, 5] for a verifier with 5 layers",
-                 id="aux-id-out-of-range"),
-    pytest.param("hidden_states.aux_layer_ids", [1, 1, 2],
-                 "hidden_states.aux_layer_ids: ids [1, 1, 2] repeat; vLLM deduplicates them, so the draft's fc would "
-                 "be too wide", id="aux-id-repeated"),
-    pytest.param("hidden_states.aux_layer_ids", None,
-                 "hidden_states.aux_layer_ids: the default aux layer ids [2, N//2, N-3] = [2, 2, 2] are not valid for "
-                 "a verifier with 5 layers; set hidden_states.aux_layer_ids explicitly (for example [1, 2, 4] for 5 "
-                 "layers)", id="aux-default-too-shallow"),
-    pytest.param("verifier.chat_template_file", "no/chat.jinja",
-                 "verifier.chat_template_file: no/chat.jinja does not exist (a Jinja chat template file, or one of "
-                 "tiny_chat)", id="missing-chat-template"),
-    pytest.param("vocab.draft_vocab_size", 600,
-                 "vocab.draft_vocab_size: 600 exceeds the verifier's vocabulary of 512", id="draft-vocab-too-large"),
+    pytest.param(
+        "prompts.sources",
+        [{"path": "no/such/prompts.jsonl"}],
+        "prompts.sources[0].path: no/such/prompts.jsonl does not exist",
+        id="missing-prompt-file",
+    ),
+    pytest.param(
+        "prompts.sources",
+        [{"path": str(TINYSTORIES)}, {"path": "data/missing.json"}],
+        "prompts.sources[1].path: data/missing.json does not exist",
+        id="missing-second-prompt-file",
+    ),
+    pytest.param(
+        "bench.prompt_sets",
+        [{"name": "mt", "path": "no/mt_bench.jsonl"}],
+        "bench.prompt_sets[0].path: no/mt_bench.jsonl does not exist",
+        id="missing-bench-set",
+    ),
+    pytest.param(
+        "hidden_states.aux_layer_ids",
+        [1, 2, 9],
+        "hidden_states.aux_layer_ids: ids [9] are outside [0, 5] for a verifier with 5 layers",
+        id="aux-id-out-of-range",
+    ),
+    pytest.param(
+        "hidden_states.aux_layer_ids",
+        [1, 1, 2],
+        "hidden_states.aux_layer_ids: ids [1, 1, 2] repeat; vLLM deduplicates them, so the draft's fc would "
+        "be too wide",
+        id="aux-id-repeated",
+    ),
+    pytest.param(
+        "hidden_states.aux_layer_ids",
+        None,
+        "hidden_states.aux_layer_ids: the default aux layer ids [2, N//2, N-3] = [2, 2, 2] are not valid for "
+        "a verifier with 5 layers; set hidden_states.aux_layer_ids explicitly (for example [1, 2, 4] for 5 "
+        "layers)",
+        id="aux-default-too-shallow",
+    ),
+    pytest.param(
+        "verifier.chat_template_file",
+        "no/chat.jinja",
+        "verifier.chat_template_file: no/chat.jinja does not exist (a Jinja chat template file, or one of tiny_chat)",
+        id="missing-chat-template",
+    ),
+    pytest.param(
+        "vocab.draft_vocab_size",
+        600,
+        "vocab.draft_vocab_size: 600 exceeds the verifier's vocabulary of 512",
+        id="draft-vocab-too-large",
+    ),
 ]
 
 
@@ -382,19 +633,32 @@ def test_config_value_errors(fake_verifier, key, value, expected):
     assert raised(ConfigError, check_config, cfg, fake_verifier) == expected
 
 
-@pytest.mark.parametrize("draft,job,expected", [
-    ({"batches_per_step": 3}, {"gpus": 2},
-     "draft.batches_per_step: 3 is not a multiple of the draft's 2 training ranks (resources.draft.nodes x "
-     "resources.draft.ranks, or one per GPU of resources.draft.gpus): each step's packed batches are shared by the "
-     "ranks"),
-    ({"batches_per_step": 8}, {"gpus": 4, "nodes": 3},
-     "draft.batches_per_step: 8 is not a multiple of the draft's 12 training ranks (resources.draft.nodes x "
-     "resources.draft.ranks, or one per GPU of resources.draft.gpus): each step's packed batches are shared by the "
-     "ranks"),
-    ({"batches_per_step": 4}, {"gpus": 2, "ranks": 4},
-     "resources.draft.ranks: 4 ranks on a node, but the job holds resources.draft.gpus: 2 GPU(s) there: one rank "
-     "per GPU (leave ranks unset)"),
-], ids=["per-step", "nodes", "ranks-over-gpus"])
+@pytest.mark.parametrize(
+    "draft,job,expected",
+    [
+        (
+            {"batches_per_step": 3},
+            {"gpus": 2},
+            "draft.batches_per_step: 3 is not a multiple of the draft's 2 training ranks (resources.draft.nodes x "
+            "resources.draft.ranks, or one per GPU of resources.draft.gpus): each step's packed batches are shared by the "
+            "ranks",
+        ),
+        (
+            {"batches_per_step": 8},
+            {"gpus": 4, "nodes": 3},
+            "draft.batches_per_step: 8 is not a multiple of the draft's 12 training ranks (resources.draft.nodes x "
+            "resources.draft.ranks, or one per GPU of resources.draft.gpus): each step's packed batches are shared by the "
+            "ranks",
+        ),
+        (
+            {"batches_per_step": 4},
+            {"gpus": 2, "ranks": 4},
+            "resources.draft.ranks: 4 ranks on a node, but the job holds resources.draft.gpus: 2 GPU(s) there: one rank "
+            "per GPU (leave ranks unset)",
+        ),
+    ],
+    ids=["per-step", "nodes", "ranks-over-gpus"],
+)
 def test_draft_rank_errors(fake_verifier, draft, job, expected):
     cfg = {**base_config(), "draft": draft, "resources": {"draft": job}}
     assert raised(ConfigError, check_config, cfg, fake_verifier) == expected
@@ -404,8 +668,12 @@ def test_draft_rank_errors(fake_verifier, draft, job, expected):
 
 def test_good_config_passes_check(fake_verifier):
     assert check_config(base_config(), fake_verifier) == {
-        "aux_layer_ids": [1, 2, 4], "draft_vocab_size": 256, "num_hidden_layers": 5, "vocab_size": 512,
-        "hidden_size": 64}
+        "aux_layer_ids": [1, 2, 4],
+        "draft_vocab_size": 256,
+        "num_hidden_layers": 5,
+        "vocab_size": 512,
+        "hidden_size": 64,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -420,26 +688,53 @@ def test_shipped_config_is_valid(shipped_config):
 
 
 SCHEMA_ERRORS = [
-    pytest.param("completions.too_long", "chop",
-                 "completions.too_long: 'chop' is not one of ['drop', 'truncate', 'error']", id="too-long-enum"),
-    pytest.param("verifier.chat_template", "yes",
-                 "verifier.chat_template: 'yes' is not one of ['auto', 'required']", id="chat-template-enum"),
-    pytest.param("completions.temprature", 0.5,
-                 "completions.temprature: unknown key (known keys: max_tokens, max_truncated_fraction, reasoning, "
-                 "samples_per_prompt, seed, temperature, too_long, top_p, turns)", id="misspelt-key"),
-    pytest.param("completions.reasoning", "think", "completions.reasoning: 'think' is not one of ['keep', 'strip', "
-                 "'off']", id="reasoning-enum"),
-    pytest.param("completions.turns", "first", "completions.turns: 'first' is not one of ['all', 'last']",
-                 id="turns-enum"),
+    pytest.param(
+        "completions.too_long",
+        "chop",
+        "completions.too_long: 'chop' is not one of ['drop', 'truncate', 'error']",
+        id="too-long-enum",
+    ),
+    pytest.param(
+        "verifier.chat_template",
+        "yes",
+        "verifier.chat_template: 'yes' is not one of ['auto', 'required']",
+        id="chat-template-enum",
+    ),
+    pytest.param(
+        "completions.temprature",
+        0.5,
+        "completions.temprature: unknown key (known keys: max_tokens, max_truncated_fraction, reasoning, "
+        "samples_per_prompt, seed, temperature, too_long, top_p, turns)",
+        id="misspelt-key",
+    ),
+    pytest.param(
+        "completions.reasoning",
+        "think",
+        "completions.reasoning: 'think' is not one of ['keep', 'strip', 'off']",
+        id="reasoning-enum",
+    ),
+    pytest.param(
+        "completions.turns", "first", "completions.turns: 'first' is not one of ['all', 'last']", id="turns-enum"
+    ),
     pytest.param("draft.epochs", "three", "draft.epochs: 'three' is not of type 'integer'", id="wrong-type"),
-    pytest.param("completions.top_p", 1.5, "completions.top_p: 1.5 is greater than the maximum of 1",
-                 id="above-maximum"),
-    pytest.param("hidden_states.aux_layer_ids", [1, -2, 4],
-                 "hidden_states.aux_layer_ids[1]: -2 is less than the minimum of 0", id="negative-aux-id"),
-    pytest.param("prompts.sources", [{"path": ""}], "prompts.sources[0].path: '' should be non-empty",
-                 id="empty-source-path"),
-    pytest.param("prompts.sources", [{"file": "p.jsonl"}],
-                 "prompts.sources[0].file: unknown key (known keys: field, path)", id="source-key-misspelt"),
+    pytest.param(
+        "completions.top_p", 1.5, "completions.top_p: 1.5 is greater than the maximum of 1", id="above-maximum"
+    ),
+    pytest.param(
+        "hidden_states.aux_layer_ids",
+        [1, -2, 4],
+        "hidden_states.aux_layer_ids[1]: -2 is less than the minimum of 0",
+        id="negative-aux-id",
+    ),
+    pytest.param(
+        "prompts.sources", [{"path": ""}], "prompts.sources[0].path: '' should be non-empty", id="empty-source-path"
+    ),
+    pytest.param(
+        "prompts.sources",
+        [{"file": "p.jsonl"}],
+        "prompts.sources[0].file: unknown key (known keys: field, path)",
+        id="source-key-misspelt",
+    ),
 ]
 
 
@@ -464,30 +759,37 @@ def test_verifier_lookup_errors(tmp_path, monkeypatch):
     missing_dir = tmp_path / "models" / "llama"
     assert raised(VerifierNotFoundError, resolve_verifier, str(missing_dir)) == (
         f"verifier.path: '{missing_dir}' does not exist (resolved to '{missing_dir}') and is not a Hugging Face "
-        "model id of the form 'namespace/name'")
+        "model id of the form 'namespace/name'"
+    )
     missing_gguf = tmp_path / "stories.gguf"
     assert raised(VerifierNotFoundError, resolve_verifier, str(missing_gguf)) == (
-        f"verifier.path: GGUF file '{missing_gguf}' does not exist (resolved to '{missing_gguf}')")
+        f"verifier.path: GGUF file '{missing_gguf}' does not exist (resolved to '{missing_gguf}')"
+    )
     empty = tmp_path / "empty"
     empty.mkdir()
     assert raised(VerifierNotFoundError, resolve_verifier, str(empty)) == (
-        f"verifier.path: directory '{empty}' has no config.json, so it is not a Hugging Face model directory")
+        f"verifier.path: directory '{empty}' has no config.json, so it is not a Hugging Face model directory"
+    )
     (empty / "model.Q8_0.gguf").write_bytes(b"GGUF")
     assert raised(VerifierNotFoundError, resolve_verifier, str(empty)) == (
         f"verifier.path: directory '{empty}' has no config.json, so it is not a Hugging Face model directory "
-        f"(it contains model.Q8_0.gguf: point verifier.path at the .gguf file)")
+        f"(it contains model.Q8_0.gguf: point verifier.path at the .gguf file)"
+    )
     notes = tmp_path / "model.safetensors"
     notes.write_bytes(b"x")
     assert raised(VerifierNotFoundError, resolve_verifier, str(notes)) == (
         f"verifier.path: '{notes}' is a file but not a .gguf file; give a .gguf file or a Hugging Face model "
-        "directory containing config.json")
+        "directory containing config.json"
+    )
     assert raised(VerifierNotFoundError, resolve_verifier, "  ") == (
-        "verifier.path: expected a path or a Hugging Face model id, got '  '")
+        "verifier.path: expected a path or a Hugging Face model id, got '  '"
+    )
     # hub-shaped but clearly local: the parent directory exists (no hub lookup)
     monkeypatch.chdir(tmp_path)
     assert raised(VerifierNotFoundError, resolve_verifier, "empty/llama") == (
         f"verifier.path: 'empty/llama' does not exist, although its parent directory 'empty' does (resolved to "
-        f"'{os.getcwd()}/empty/llama'); not looking it up on the Hugging Face hub")
+        f"'{os.getcwd()}/empty/llama'); not looking it up on the Hugging Face hub"
+    )
 
 
 # ----------------------------------------------------------------------------------------- completions
@@ -520,18 +822,28 @@ def test_fit_prompt_truncate_keeps_the_first_tokens_and_reserve():
 def test_fit_prompt_errors():
     assert raised(PromptTooLongError, fit_prompt, list(range(12)), 10, "error", "0123456789abcdef") == (
         "completions.too_long: prompt 0123456789abcdef has 12 tokens, which leaves no room for a new token in "
-        "verifier.max_model_len=10 (set completions.too_long to drop or truncate to go on)")
+        "verifier.max_model_len=10 (set completions.too_long to drop or truncate to go on)"
+    )
     assert raised(ValueError, fit_prompt, [1], 10, "chop", "p") == (
-        "completions.too_long: unknown policy 'chop' (use drop, truncate or error)")
+        "completions.too_long: unknown policy 'chop' (use drop, truncate or error)"
+    )
     assert raised(ValueError, fit_prompt, [1], 10, "truncate", "p", reserve=10) == (
-        "reserve must be in [1, 9] for max_model_len 10, got 10")
+        "reserve must be in [1, 9] for max_model_len 10, got 10"
+    )
 
 
 def test_completions_module_does_not_import_vllm():
-    code = ("import sys, draftpipe.completions, draftpipe.prompts, draftpipe.config; "
-            "print(sorted(m for m in ('vllm', 'torch', 'transformers', 'pandas') if m in sys.modules))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = (
+        "import sys, draftpipe.completions, draftpipe.prompts, draftpipe.config; "
+        "print(sorted(m for m in ('vllm', 'torch', 'transformers', 'pandas') if m in sys.modules))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert res.stdout.strip() == "[]"
 
 
@@ -546,18 +858,29 @@ def test_required_chat_template_on_a_base_model(tokenizer, verifier_dir):
     assert tokenizer.chat_template is None  # stories260K is a base model
     assert check_chat_template(tokenizer, "auto") is False
     assert raised(ChatTemplateError, check_chat_template, tokenizer, "required") == (
-        f"verifier.chat_template: 'required', but the tokenizer of the verifier {verifier_dir} has no chat template")
+        f"verifier.chat_template: 'required', but the tokenizer of the verifier {verifier_dir} has no chat template"
+    )
     assert raised(ChatTemplateError, check_chat_template, tokenizer, "required", "org/base-model") == (
-        "verifier.chat_template: 'required', but the tokenizer of the verifier org/base-model has no chat template")
+        "verifier.chat_template: 'required', but the tokenizer of the verifier org/base-model has no chat template"
+    )
     assert raised(ValueError, check_chat_template, tokenizer, "always") == (
-        "verifier.chat_template: unknown value 'always' (use auto or required)")
+        "verifier.chat_template: unknown value 'always' (use auto or required)"
+    )
     msgs = [{"role": "user", "content": "Once upon a time"}]
     assert raised(ChatTemplateError, encode_prompt, tokenizer, msgs, chat_template="required").startswith(
-        "verifier.chat_template: 'required'")
+        "verifier.chat_template: 'required'"
+    )
     records = [{"id": "a", "messages": msgs}]
-    assert raised(ChatTemplateError, prepare_prompts, records, tokenizer, max_model_len=64, max_tokens=8,
-                  chat_template="required", verifier="results/verifier") == (
-        "verifier.chat_template: 'required', but the tokenizer of the verifier results/verifier has no chat template")
+    assert raised(
+        ChatTemplateError,
+        prepare_prompts,
+        records,
+        tokenizer,
+        max_model_len=64,
+        max_tokens=8,
+        chat_template="required",
+        verifier="results/verifier",
+    ) == ("verifier.chat_template: 'required', but the tokenizer of the verifier results/verifier has no chat template")
 
 
 def test_required_chat_template_is_used_when_present(tokenizer):
@@ -567,8 +890,9 @@ def test_required_chat_template_is_used_when_present(tokenizer):
     assert check_chat_template(tok, "required") is True
     ids = encode_prompt(tok, msgs, chat_template="required")
     assert tok.decode(ids) == "[system] Be brief.\n[user] Once upon a time\n[assistant]"
-    _, stats = prepare_prompts([{"id": "a", "messages": msgs}], tok, max_model_len=512, max_tokens=8,
-                               chat_template="required")
+    _, stats = prepare_prompts(
+        [{"id": "a", "messages": msgs}], tok, max_model_len=512, max_tokens=8, chat_template="required"
+    )
     assert stats["last_user_turn_only"] == 0
 
 
@@ -580,29 +904,49 @@ def test_prepare_prompts_counts_too_long_and_multi_turn(tokenizer):
     short_ids = encode_prompt(tokenizer, short)
     assert len(short_ids) < 16 < 64 <= len(long_ids)
     assert encode_prompt(tokenizer, multi) == short_ids  # without a template: the last user message only
-    records = [{"id": "short", "messages": short}, {"id": "long", "messages": [{"role": "user", "content": long_text}]},
-               {"id": "multi", "messages": multi}]
+    records = [
+        {"id": "short", "messages": short},
+        {"id": "long", "messages": [{"role": "user", "content": long_text}]},
+        {"id": "multi", "messages": multi},
+    ]
 
     kept, stats = prepare_prompts(records, tokenizer, max_model_len=64, max_tokens=100)
     assert [(r["id"], len(ids), room, cut) for r, ids, room, cut in kept] == [
-        ("short", len(short_ids), 64 - len(short_ids), False), ("multi", len(short_ids), 64 - len(short_ids), False)]
-    assert stats == {"prompts": 3, "kept": 2, "dropped_too_long": 1, "skipped_too_long": 1, "truncated_too_long": 0,
-                     "last_user_turn_only": 1}
+        ("short", len(short_ids), 64 - len(short_ids), False),
+        ("multi", len(short_ids), 64 - len(short_ids), False),
+    ]
+    assert stats == {
+        "prompts": 3,
+        "kept": 2,
+        "dropped_too_long": 1,
+        "skipped_too_long": 1,
+        "truncated_too_long": 0,
+        "last_user_turn_only": 1,
+    }
 
     kept, stats = prepare_prompts(records, tokenizer, max_model_len=64, max_tokens=100, too_long="truncate")
     rec, ids, room, cut = kept[1]
     assert rec["id"] == "long" and ids == long_ids[:32] and room == 32 and cut is True  # reserve = 64 // 2
     kept, _ = prepare_prompts(records, tokenizer, max_model_len=64, max_tokens=10, too_long="truncate")
     assert kept[1][1] == long_ids[:54] and kept[1][2] == 10  # reserve = max_tokens
-    assert stats == {"prompts": 3, "kept": 3, "dropped_too_long": 0, "skipped_too_long": 0, "truncated_too_long": 1,
-                     "last_user_turn_only": 1}
+    assert stats == {
+        "prompts": 3,
+        "kept": 3,
+        "dropped_too_long": 0,
+        "skipped_too_long": 0,
+        "truncated_too_long": 1,
+        "last_user_turn_only": 1,
+    }
 
-    assert raised(PromptTooLongError, prepare_prompts, records, tokenizer, max_model_len=64, max_tokens=8,
-                  too_long="error") == (
+    assert raised(
+        PromptTooLongError, prepare_prompts, records, tokenizer, max_model_len=64, max_tokens=8, too_long="error"
+    ) == (
         f"completions.too_long: prompt long has {len(long_ids)} tokens, which leaves no room for a new token in "
-        "verifier.max_model_len=64 (set completions.too_long to drop or truncate to go on)")
+        "verifier.max_model_len=64 (set completions.too_long to drop or truncate to go on)"
+    )
     assert raised(ValueError, prepare_prompts, [], tokenizer, max_model_len=64, max_tokens=8, too_long="cut") == (
-        "completions.too_long: unknown policy 'cut' (use drop, truncate or error)")
+        "completions.too_long: unknown policy 'cut' (use drop, truncate or error)"
+    )
 
 
 def test_unquoted_reasoning_off_means_off(shipped_config):

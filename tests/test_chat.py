@@ -13,7 +13,11 @@ CONVERSATION = [
     {"role": "user", "content": "Hi"},
     {"role": "assistant", "content": "Hello.", "reasoning_content": "greet"},
     {"role": "user", "content": "Weather?"},
-    {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get", "arguments": "{}"}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "get", "arguments": "{}"}}],
+    },
     {"role": "tool", "content": "sun"},
     {"role": "assistant", "content": "Sunny."},
 ]
@@ -50,9 +54,9 @@ def runs(tokenizer, ids, mask):
     out = []
     for (start, end), m in zip(offsets, mask):
         if out and out[-1][1] == m:
-            out[-1] = (out[-1][0] + text[out[-1][2]:end], m, end)
+            out[-1] = (out[-1][0] + text[out[-1][2] : end], m, end)
         else:
-            out.append((text[start:end] if not out else text[out[-1][2]:end], m, end))
+            out.append((text[start:end] if not out else text[out[-1][2] : end], m, end))
     return [(t, m) for t, m, _ in out]
 
 
@@ -60,14 +64,19 @@ def test_loss_mask_equals_the_hand_built_mask(tokenizer):
     ids, mask = render_conversation(tokenizer, CONVERSATION)
     assert len(ids) == len(mask) and set(mask) == {0, 1}
     assert runs(tokenizer, ids, mask) == EXPECTED_RUNS
-    assert ids == tokenizer(tokenizer.apply_chat_template(CONVERSATION, tokenize=False), add_special_tokens=False)["input_ids"]
+    assert (
+        ids
+        == tokenizer(tokenizer.apply_chat_template(CONVERSATION, tokenize=False), add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_generation_blocks_give_the_same_mask(tokenizer):
     # the same template with {% generation %} blocks: Hugging Face's assistant mask, an independent computation
-    tagged = tiny_chat_template().replace(
-        "Assistant: {% if enable_thinking", "Assistant: {% generation %}{% if enable_thinking", 1).replace(
-        "{{ eos_token }}\n{% elif", "{{ eos_token }}{% endgeneration %}{{ '\\n' }}{% elif")
+    tagged = (
+        tiny_chat_template()
+        .replace("Assistant: {% if enable_thinking", "Assistant: {% generation %}{% if enable_thinking", 1)
+        .replace("{{ eos_token }}\n{% elif", "{{ eos_token }}{% endgeneration %}{{ '\\n' }}{% elif")
+    )
     assert tagged.count("generation %}") == 2
     plain = render_conversation(tokenizer, CONVERSATION)
     tokenizer.chat_template = tagged
@@ -80,20 +89,26 @@ def test_generation_blocks_give_the_same_mask(tokenizer):
 def test_spans_and_the_thinking_switch(tokenizer):
     text, spans = assistant_spans(tokenizer, CONVERSATION)
     assert [text[a:b] for a, b in spans] == ["<think>greet</think>Hello.</s>", "<tool>get({})</tool></s>", "Sunny.</s>"]
-    prompt = tokenizer.apply_chat_template(CONVERSATION[:2], tokenize=False, add_generation_prompt=True,
-                                           enable_thinking=False)
+    prompt = tokenizer.apply_chat_template(
+        CONVERSATION[:2], tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
     assert prompt.endswith("Assistant: <think></think>")
     assert not tokenizer.apply_chat_template(CONVERSATION[:2], tokenize=False, add_generation_prompt=True).endswith(
-        "</think>")
+        "</think>"
+    )
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer):
     # drops the thinking of every assistant turn but the last, as some reasoning models' templates do
-    rewriting = tiny_chat_template().replace("{% elif m.reasoning_content is defined and m.reasoning_content %}",
-                                             "{% elif m.reasoning_content is defined and m.reasoning_content and loop.last %}")
+    rewriting = tiny_chat_template().replace(
+        "{% elif m.reasoning_content is defined and m.reasoning_content %}",
+        "{% elif m.reasoning_content is defined and m.reasoning_content and loop.last %}",
+    )
     tokenizer.chat_template = rewriting
     try:
-        with pytest.raises(ChatTemplateError, match=r"^message 2 \(assistant\): .* not a prefix of the whole conversation"):
+        with pytest.raises(
+            ChatTemplateError, match=r"^message 2 \(assistant\): .* not a prefix of the whole conversation"
+        ):
             render_conversation(tokenizer, CONVERSATION)
     finally:
         tokenizer.chat_template = tiny_chat_template()
@@ -106,13 +121,16 @@ def test_no_chat_template_is_an_error(verifier_dir):
         assistant_spans(AutoTokenizer.from_pretrained(str(verifier_dir)), CONVERSATION)
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("plain answer", (None, "plain answer", False)),
-    ("<think>plan</think>answer", ("plan", "answer", False)),
-    ("<think></think>answer", ("", "answer", False)),
-    ("<think>still thinking when cut", ("still thinking when cut", "", True)),
-    ("pre<think>a</think>post", ("a", "prepost", False)),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("plain answer", (None, "plain answer", False)),
+        ("<think>plan</think>answer", ("plan", "answer", False)),
+        ("<think></think>answer", ("", "answer", False)),
+        ("<think>still thinking when cut", ("still thinking when cut", "", True)),
+        ("pre<think>a</think>post", ("a", "prepost", False)),
+    ],
+)
 def test_split_thinking(text, expected):
     assert split_thinking(text) == expected
 
@@ -126,9 +144,11 @@ def test_untrained_assistant_turns_are_masked_zero(tokenizer):
         merged = merged[:-1] + [(merged[-1][0] + t, m)] if merged and merged[-1][1] == m else merged + [(t, m)]
     ids, mask = render_conversation(tokenizer, CONVERSATION, train=trained)
     assert runs(tokenizer, ids, mask) == merged
-    tagged = tiny_chat_template().replace(
-        "Assistant: {% if enable_thinking", "Assistant: {% generation %}{% if enable_thinking", 1).replace(
-        "{{ eos_token }}\n{% elif", "{{ eos_token }}{% endgeneration %}{{ '\\n' }}{% elif")
+    tagged = (
+        tiny_chat_template()
+        .replace("Assistant: {% if enable_thinking", "Assistant: {% generation %}{% if enable_thinking", 1)
+        .replace("{{ eos_token }}\n{% elif", "{{ eos_token }}{% endgeneration %}{{ '\\n' }}{% elif")
+    )
     tokenizer.chat_template = tagged
     try:
         assert render_conversation(tokenizer, CONVERSATION, train=trained) == (ids, mask)
@@ -145,16 +165,46 @@ def test_generation_points():
         generation_points(CONVERSATION, "some")
 
 
-@pytest.mark.parametrize("reasoning,prompt,text,message,info", [
-    ("keep", "Assistant: ", "<think>plan</think>Hello.", {"content": "Hello.", "reasoning_content": "plan"},
-     {"thinking": "plan", "thinking_cut": False}),
-    ("strip", "Assistant: ", "<think>plan</think>Hello.", {"content": "Hello."}, {"thinking": "plan", "thinking_cut": False}),
-    ("keep", "Assistant: <think>", "plan</think>Hello.", {"content": "Hello.", "reasoning_content": "plan"},
-     {"thinking": "plan", "thinking_cut": False}),  # the generation prompt opened the span (DeepSeek-R1 style)
-    ("keep", "Assistant: <think>", "still planning", {"content": "", "reasoning_content": "still planning"},
-     {"thinking": "still planning", "thinking_cut": True}),
-    ("off", "Assistant: <think></think>", "Hello.", {"content": "Hello."}, {"thinking": None, "thinking_cut": False}),
-])
+@pytest.mark.parametrize(
+    "reasoning,prompt,text,message,info",
+    [
+        (
+            "keep",
+            "Assistant: ",
+            "<think>plan</think>Hello.",
+            {"content": "Hello.", "reasoning_content": "plan"},
+            {"thinking": "plan", "thinking_cut": False},
+        ),
+        (
+            "strip",
+            "Assistant: ",
+            "<think>plan</think>Hello.",
+            {"content": "Hello."},
+            {"thinking": "plan", "thinking_cut": False},
+        ),
+        (
+            "keep",
+            "Assistant: <think>",
+            "plan</think>Hello.",
+            {"content": "Hello.", "reasoning_content": "plan"},
+            {"thinking": "plan", "thinking_cut": False},
+        ),  # the generation prompt opened the span (DeepSeek-R1 style)
+        (
+            "keep",
+            "Assistant: <think>",
+            "still planning",
+            {"content": "", "reasoning_content": "still planning"},
+            {"thinking": "still planning", "thinking_cut": True},
+        ),
+        (
+            "off",
+            "Assistant: <think></think>",
+            "Hello.",
+            {"content": "Hello."},
+            {"thinking": None, "thinking_cut": False},
+        ),
+    ],
+)
 def test_answer_message(reasoning, prompt, text, message, info):
     from draftpipe.completions import answer_message
 
@@ -182,7 +232,9 @@ def test_strip_leaves_no_thinking_in_any_trained_token_and_keep_trains_on_it(tok
 def test_off_renders_with_the_templates_switch(tokenizer):
     from draftpipe.completions import template_kwargs
 
-    assert template_kwargs("off") == {"enable_thinking": False} and template_kwargs("keep") == {} == template_kwargs("strip")
+    assert template_kwargs("off") == {"enable_thinking": False} and template_kwargs("keep") == {} == template_kwargs(
+        "strip"
+    )
     conv = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
     ids, mask = render_conversation(tokenizer, conv, template_kwargs=template_kwargs("off"))
     text = tokenizer.decode(ids)
@@ -194,18 +246,44 @@ def test_completion_stats_count_exactly():
     from draftpipe.completions import completion_stats
 
     def row(pid, turns, finish="stop", mask=(0, 1), sha="a" * 64):
-        return {"id": pid, "turns": turns, "finish_reason": finish, "loss_mask": list(mask), "chat_template_sha256": sha}
+        return {
+            "id": pid,
+            "turns": turns,
+            "finish_reason": finish,
+            "loss_mask": list(mask),
+            "chat_template_sha256": sha,
+        }
 
     think = {"thinking_tokens": 5, "thinking_cut": False}
     cut = {"thinking_tokens": 3, "thinking_cut": True}
     plain = {"thinking_tokens": 0, "thinking_cut": False}
-    shards = {"s0": [row("p", [think, plain]), row("p", [plain], "length"), row("q", [cut], "length", (0, 0))],
-              "s1": [row("r", [plain, plain, think])]}
+    shards = {
+        "s0": [row("p", [think, plain]), row("p", [plain], "length"), row("q", [cut], "length", (0, 0))],
+        "s1": [row("r", [plain, plain, think])],
+    }
     stats = completion_stats(shards)
-    assert {k: stats[k] for k in ("rows", "prompts", "turns", "truncated", "rows_with_thinking", "thinking_tokens",
-                                  "truncated_in_thinking", "empty_loss_mask")} == {
-        "rows": 4, "prompts": 3, "turns": 7, "truncated": 2, "rows_with_thinking": 3, "thinking_tokens": 13,
-        "truncated_in_thinking": 1, "empty_loss_mask": 1}
+    assert {
+        k: stats[k]
+        for k in (
+            "rows",
+            "prompts",
+            "turns",
+            "truncated",
+            "rows_with_thinking",
+            "thinking_tokens",
+            "truncated_in_thinking",
+            "empty_loss_mask",
+        )
+    } == {
+        "rows": 4,
+        "prompts": 3,
+        "turns": 7,
+        "truncated": 2,
+        "rows_with_thinking": 3,
+        "thinking_tokens": 13,
+        "truncated_in_thinking": 1,
+        "empty_loss_mask": 1,
+    }
     assert stats["per_shard"]["s1"]["turns"] == 3 and stats["chat_template_sha256"] == "a" * 64
 
 
@@ -222,10 +300,18 @@ def test_rows_of_two_templates_are_refused():
 def test_truncation_gate_trips_above_the_threshold_and_passes_at_it():
     from draftpipe.gates import QualityGateError, check_truncated
 
-    rows = [{"finish_reason": "length"}, {"finish_reason": "stop"}, {"finish_reason": "length"}, {"finish_reason": "stop"}]
+    rows = [
+        {"finish_reason": "length"},
+        {"finish_reason": "stop"},
+        {"finish_reason": "length"},
+        {"finish_reason": "stop"},
+    ]
     assert check_truncated(rows, 0.5, "c.jsonl") == 0.5
-    with pytest.raises(QualityGateError, match=r"^c.jsonl: 2 of 4 rows \(50.0%\) end with finish_reason=length, above "
-                                               r"completions.max_truncated_fraction=0.4"):
+    with pytest.raises(
+        QualityGateError,
+        match=r"^c.jsonl: 2 of 4 rows \(50.0%\) end with finish_reason=length, above "
+        r"completions.max_truncated_fraction=0.4",
+    ):
         check_truncated(rows, 0.4, "c.jsonl")
 
 
@@ -237,15 +323,22 @@ def test_empty_mask_gate_on_a_real_shard(tmp_path):
 
     def sample(mask):
         t = len(mask)
-        return {"input_ids": torch.arange(t), "loss_mask": torch.tensor(mask, dtype=torch.uint8),
-                "hidden_states": torch.zeros(t, 6), "verifier_last_hidden_states": torch.zeros(t, 2)}
+        return {
+            "input_ids": torch.arange(t),
+            "loss_mask": torch.tensor(mask, dtype=torch.uint8),
+            "hidden_states": torch.zeros(t, 6),
+            "verifier_last_hidden_states": torch.zeros(t, 2),
+        }
 
     path = tmp_path / "train_00000.safetensors"
     write_shard(str(path), [sample([0, 1, 1]), sample([0, 0, 0]), sample([0, 1, 0]), sample([1, 1, 1])], {})
     assert loss_mask_sums(str(path)) == [2, 0, 1, 3]
     assert check_empty_masks(loss_mask_sums(str(path)), 0.25, str(path)) == 0.25
-    with pytest.raises(QualityGateError, match=rf"^{path}: 1 of 4 samples \(25.0%\) have an empty loss mask, above "
-                                               r"hidden_states.max_empty_mask_fraction=0.2; "):
+    with pytest.raises(
+        QualityGateError,
+        match=rf"^{path}: 1 of 4 samples \(25.0%\) have an empty loss mask, above "
+        r"hidden_states.max_empty_mask_fraction=0.2; ",
+    ):
         check_empty_masks(loss_mask_sums(str(path)), 0.2, str(path))
 
 
@@ -253,15 +346,23 @@ def test_acceptance_gate():
     from draftpipe.gates import QualityGateError, check_acceptance
 
     def res(k, t, b, a, name="eval"):
-        return {"prompt_set": name, "num_speculative_tokens": k, "temperature": t, "batch_size": b,
-                "acceptance_length": a}
+        return {
+            "prompt_set": name,
+            "num_speculative_tokens": k,
+            "temperature": t,
+            "batch_size": b,
+            "acceptance_length": a,
+        }
 
     summary = {"results": [res(1, 0.0, 8, 1.2), res(3, 0.0, 8, 1.9), res(3, 0.6, 8, 1.7), res(3, 0.0, 8, 1.1, "gsm8k")]}
     assert check_acceptance(summary, None, "s.json") is None  # off by default
     assert check_acceptance(summary, 1.7, "s.json") == 1.7  # the largest k at every temperature; other sets ignored
-    with pytest.raises(QualityGateError, match=r"^s.json: the served acceptance length on the eval prompts is 1.700 at "
-                                               r"num_speculative_tokens=3, temperature=0.6, batch_size=8, below "
-                                               r"bench.min_acceptance_length=1.8$"):
+    with pytest.raises(
+        QualityGateError,
+        match=r"^s.json: the served acceptance length on the eval prompts is 1.700 at "
+        r"num_speculative_tokens=3, temperature=0.6, batch_size=8, below "
+        r"bench.min_acceptance_length=1.8$",
+    ):
         check_acceptance(summary, 1.8, "s.json")
 
 
@@ -269,16 +370,22 @@ def test_a_template_that_rewrites_earlier_turns_trains_each_answer_as_served(tok
     from draftpipe.completions import answer_message, conversation_rows
 
     generated = ["<think>a cat</think>The cat sat.", "<think>a dog</think>The dog ran."]
-    rewriting = tiny_chat_template().replace("{% elif m.reasoning_content is defined and m.reasoning_content %}",
-                                             "{% elif m.reasoning_content is defined and m.reasoning_content and loop.last %}")
+    rewriting = tiny_chat_template().replace(
+        "{% elif m.reasoning_content is defined and m.reasoning_content %}",
+        "{% elif m.reasoning_content is defined and m.reasoning_content and loop.last %}",
+    )
 
     def regenerate():
         history, trained, turns = [{"role": "user", "content": "Hi"}], [], []
         for text, user in zip(generated, ["More", None]):
             prompt = tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
-            turns.append({"prompt_token_ids": tokenizer(prompt, add_special_tokens=False)["input_ids"],
-                          "completion_token_ids": tokenizer(text + "</s>", add_special_tokens=False)["input_ids"],
-                          "finish_reason": "stop"})
+            turns.append(
+                {
+                    "prompt_token_ids": tokenizer(prompt, add_special_tokens=False)["input_ids"],
+                    "completion_token_ids": tokenizer(text + "</s>", add_special_tokens=False)["input_ids"],
+                    "finish_reason": "stop",
+                }
+            )
             trained.append(len(history))
             history.append(answer_message(text, prompt, "keep")[0])
             if user:

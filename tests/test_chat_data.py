@@ -10,11 +10,11 @@ import json
 import os
 
 import pytest
-
 from conftest import REPO
+from workflow import copy_workflow, planned_jobs, snakemake, variant
+
 from draftpipe.chat import tiny_chat_template
 from draftpipe.io import read_jsonl
-from workflow import copy_workflow, planned_jobs, snakemake, variant
 
 CHAT = REPO / "tests" / "data" / "chat" / "conversations.jsonl"
 COMPLETIONS = "results/completions/train_00000.jsonl"
@@ -25,8 +25,9 @@ def chat_config(cfg):
     cfg["verifier"]["chat_template_file"] = "tiny_chat"
     cfg["prompts"].update(sources=[{"path": str(CHAT)}], num_shards=1, eval_fraction=0.0)
     # 16 new tokens cut most answers: the truncation gate is off here, and tripped by its test
-    cfg["completions"].update(samples_per_prompt=2, max_tokens=16, reasoning="off", turns="all",
-                              max_truncated_fraction=1.0)
+    cfg["completions"].update(
+        samples_per_prompt=2, max_tokens=16, reasoning="off", turns="all", max_truncated_fraction=1.0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +70,12 @@ def test_every_turn_is_regenerated_on_the_verifiers_own_history(rows, tokenizer)
             # turn k's prompt holds the verifier's answer of turn k-1, closed by the end of turn
             answer = row["messages"][row["turns"][k - 1]["message"]]["content"]
             assert answer == row["turns"][k - 1]["completion_text"]
-            assert tokenizer.decode(tokenizer(f"Assistant: <think></think>{answer}</s>", add_special_tokens=False)
-                                    ["input_ids"]) in prompts[k]
+            assert (
+                tokenizer.decode(
+                    tokenizer(f"Assistant: <think></think>{answer}</s>", add_special_tokens=False)["input_ids"]
+                )
+                in prompts[k]
+            )
         assert all(p.endswith("Assistant: <think></think>") for p in prompts)  # reasoning: off, the switch
     # the source's tool call and its result stay in the history of the turn after them, as context
     second = tokenizer.decode(tools[0]["turns"][1]["prompt_token_ids"])
@@ -81,11 +86,17 @@ def test_loss_mask_equals_the_hand_built_mask(rows, tokenizer):
     for row in by_prompt(rows, "Tell me a story about a cat."):
         a1, a2, a3 = (t["completion_text"] for t in row["turns"])
         pieces = [  # the template written out by hand: 1 exactly on what the verifier generated, and its </s>
-            ("<s>System: You tell short stories to children.\nUser: Tell me a story about a cat.\n"
-             "Assistant: <think></think>", 0),
+            (
+                "<s>System: You tell short stories to children.\nUser: Tell me a story about a cat.\n"
+                "Assistant: <think></think>",
+                0,
+            ),
             (a1 + "</s>", 1),
-            ("\nUser: Is it sunny in the park?\nAssistant: <think></think><tool>get_weather({\"place\": \"park\"})"
-             "</tool></s>\nTool: sunny and warm\nAssistant: <think></think>", 0),
+            (
+                '\nUser: Is it sunny in the park?\nAssistant: <think></think><tool>get_weather({"place": "park"})'
+                "</tool></s>\nTool: sunny and warm\nAssistant: <think></think>",
+                0,
+            ),
             (a2 + "</s>", 1),
             ("\nUser: Now tell me about a dog.\nAssistant: <think></think>", 0),
             (a3 + "</s>", 1),
@@ -146,8 +157,10 @@ def test_the_truncation_gate_fails_the_shard_and_loses_nothing(work, rows):
     assert proc.returncode != 0
     log = (work / "results/logs/completions/train_00000.log").read_text()
     assert "found in the store, no verifier load" in log  # the threshold is not a param: nothing recomputed
-    assert (f"{COMPLETIONS}: {cut} of 6 rows ({cut / 6:.1%}) end with finish_reason=length, above "
-            "completions.max_truncated_fraction=0.5") in log
+    assert (
+        f"{COMPLETIONS}: {cut} of 6 rows ({cut / 6:.1%}) end with finish_reason=length, above "
+        "completions.max_truncated_fraction=0.5"
+    ) in log
     snakemake(work, COMPLETIONS, "--forcerun", "completions")  # the module's threshold (1.0) passes
     assert read_jsonl(work / COMPLETIONS) == rows
 
@@ -163,8 +176,10 @@ def test_rows_of_two_templates_are_refused(work, rows):
         proc = snakemake(work, "results/completions/stats.json", check=False)
         assert proc.returncode != 0
         log = (work / "results/logs/completion_stats.log").read_text()
-        assert (f"{COMPLETIONS}:4 was rendered with chat template {'0' * 64}, but {COMPLETIONS}:1 with "
-                f"{rows[0]['chat_template_sha256']}: rows of two chat templates cannot be trained on together") in log
+        assert (
+            f"{COMPLETIONS}:4 was rendered with chat template {'0' * 64}, but {COMPLETIONS}:1 with "
+            f"{rows[0]['chat_template_sha256']}: rows of two chat templates cannot be trained on together"
+        ) in log
     finally:
         path.unlink()
         path.write_bytes(original)

@@ -15,44 +15,82 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from draftpipe.compat import CompatError, check, read_safetensors_header, render_markdown
+from draftpipe.compat import check, render_markdown
 
 H, NH, NKV, HD, I, V, VD, N = 16, 2, 1, 8, 24, 64, 32, 6
 AUX = [1, 3, 5]
-VERIFIER = {"hidden_size": H, "num_attention_heads": NH, "num_key_value_heads": NKV, "num_hidden_layers": N,
-            "vocab_size": V, "max_position_embeddings": 256, "model_type": "llama"}
+VERIFIER = {
+    "hidden_size": H,
+    "num_attention_heads": NH,
+    "num_key_value_heads": NKV,
+    "num_hidden_layers": N,
+    "vocab_size": V,
+    "max_position_embeddings": 256,
+    "model_type": "llama",
+}
 
 
 def layer_config(**kw):
-    cfg = {"model_type": "llama", "hidden_size": H, "num_attention_heads": NH, "num_key_value_heads": NKV,
-           "head_dim": HD, "intermediate_size": I, "num_hidden_layers": 1, "vocab_size": V, "hidden_act": "silu",
-           "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
-           "eagle_config": {"eagle_aux_hidden_state_layer_ids": AUX}}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": H,
+        "num_attention_heads": NH,
+        "num_key_value_heads": NKV,
+        "head_dim": HD,
+        "intermediate_size": I,
+        "num_hidden_layers": 1,
+        "vocab_size": V,
+        "hidden_act": "silu",
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": AUX},
+    }
     cfg.update(kw)
     return cfg
 
 
 def speculators_config(**kw):
-    cfg = {"architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",
-           "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                                  "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                                  "verifier": {"name_or_path": "org/verifier", "architectures": ["LlamaForCausalLM"]}},
-           "transformer_layer_config": layer_config(), "draft_vocab_size": VD, "target_hidden_size": None,
-           "norm_before_residual": True, "norm_before_fc": True, "fc_norm": False, "norm_output": False,
-           "eagle_aux_hidden_state_layer_ids": AUX}
+    cfg = {
+        "architectures": ["Eagle3DraftModel"],
+        "speculators_model_type": "eagle3",
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+            "verifier": {"name_or_path": "org/verifier", "architectures": ["LlamaForCausalLM"]},
+        },
+        "transformer_layer_config": layer_config(),
+        "draft_vocab_size": VD,
+        "target_hidden_size": None,
+        "norm_before_residual": True,
+        "norm_before_fc": True,
+        "fc_norm": False,
+        "norm_output": False,
+        "eagle_aux_hidden_state_layer_ids": AUX,
+    }
     cfg.update(kw)
     return cfg
 
 
 def tensors(prefix="layers.0.", hd=HD, d2t=True, aux=3):
     z = lambda *s: np.zeros(s, dtype=np.float16)  # noqa: E731
-    t = {"fc.weight": z(H, aux * H), "input_norm.weight": z(aux * H), "norm.weight": z(H),
-         "embed_tokens.weight": z(V, H), "lm_head.weight": z(VD, H),
-         prefix + "self_attn.q_proj.weight": z(NH * hd, 2 * H), prefix + "self_attn.k_proj.weight": z(NKV * hd, 2 * H),
-         prefix + "self_attn.v_proj.weight": z(NKV * hd, 2 * H), prefix + "self_attn.o_proj.weight": z(H, NH * hd),
-         prefix + "mlp.gate_proj.weight": z(I, H), prefix + "mlp.up_proj.weight": z(I, H),
-         prefix + "mlp.down_proj.weight": z(H, I), prefix + "input_layernorm.weight": z(H),
-         prefix + "hidden_norm.weight": z(H), prefix + "post_attention_layernorm.weight": z(H)}
+    t = {
+        "fc.weight": z(H, aux * H),
+        "input_norm.weight": z(aux * H),
+        "norm.weight": z(H),
+        "embed_tokens.weight": z(V, H),
+        "lm_head.weight": z(VD, H),
+        prefix + "self_attn.q_proj.weight": z(NH * hd, 2 * H),
+        prefix + "self_attn.k_proj.weight": z(NKV * hd, 2 * H),
+        prefix + "self_attn.v_proj.weight": z(NKV * hd, 2 * H),
+        prefix + "self_attn.o_proj.weight": z(H, NH * hd),
+        prefix + "mlp.gate_proj.weight": z(I, H),
+        prefix + "mlp.up_proj.weight": z(I, H),
+        prefix + "mlp.down_proj.weight": z(H, I),
+        prefix + "input_layernorm.weight": z(H),
+        prefix + "hidden_norm.weight": z(H),
+        prefix + "post_attention_layernorm.weight": z(H),
+    }
     if d2t:
         ids = np.arange(0, 2 * VD, 2, dtype=np.int64)  # every second target id
         t["d2t"] = ids - np.arange(VD, dtype=np.int64)
@@ -74,8 +112,11 @@ def errors(rep):
 
 
 def test_valid_speculators_checkpoint_passes(tmp_path):
-    rep = check(write(tmp_path / "d", speculators_config(), tensors()), VERIFIER,
-                expect={"head_dim": HD, "draft_vocab_size": VD, "aux_layer_ids": AUX})
+    rep = check(
+        write(tmp_path / "d", speculators_config(), tensors()),
+        VERIFIER,
+        expect={"head_dim": HD, "draft_vocab_size": VD, "aux_layer_ids": AUX},
+    )
     assert rep.ok, rep.to_dict()["findings"]
     assert rep.format == "speculators" and rep.ids("warning") == []
     e = rep.effective
@@ -83,11 +124,22 @@ def test_valid_speculators_checkpoint_passes(tmp_path):
 
 
 def test_valid_eagle_style_checkpoint_passes(tmp_path):
-    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,
-           "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD, "intermediate_size": I,
-           "num_hidden_layers": 1, "vocab_size": V, "draft_vocab_size": VD, "hidden_act": "silu",
-           "max_position_embeddings": 256, "eagle_aux_hidden_state_layer_ids": AUX,
-           "eagle_config": {"eagle_aux_hidden_state_layer_ids": AUX, "use_aux_hidden_state": True}}
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": H,
+        "num_attention_heads": NH,
+        "num_key_value_heads": NKV,
+        "head_dim": HD,
+        "intermediate_size": I,
+        "num_hidden_layers": 1,
+        "vocab_size": V,
+        "draft_vocab_size": VD,
+        "hidden_act": "silu",
+        "max_position_embeddings": 256,
+        "eagle_aux_hidden_state_layer_ids": AUX,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": AUX, "use_aux_hidden_state": True},
+    }
     ts = tensors(prefix="midlayer.")
     del ts["input_norm.weight"], ts["embed_tokens.weight"]
     rep = check(write(tmp_path / "d", cfg, ts), VERIFIER)
@@ -98,30 +150,35 @@ def test_valid_eagle_style_checkpoint_passes(tmp_path):
 def mutate_config(**kw):
     def f(cfg, ts):
         cfg.update(kw)
+
     return f
 
 
 def mutate_layer(**kw):
     def f(cfg, ts):
         cfg["transformer_layer_config"].update(kw)
+
     return f
 
 
 def drop(name):
     def f(cfg, ts):
         del ts[name]
+
     return f
 
 
 def add(name, array):
     def f(cfg, ts):
         ts[name] = array
+
     return f
 
 
 def rename(old, new):
     def f(cfg, ts):
         ts[new] = ts.pop(old)
+
     return f
 
 
@@ -205,9 +262,21 @@ def test_warnings_for_silent_problems(tmp_path):
     ts["d2t"] = ts["d2t"].astype(np.int32)
     rep = check(write(tmp_path / "d", cfg, ts), VERIFIER)
     assert rep.ok
-    assert set(rep.ids("warning")) >= {"names.bias_without_flag", "norm.before_residual_default",
-                                       "format.verifier_name", "vocab.d2t_dtype"}
-    assert "config.max_position_embeddings" in rep.ids("info")
+    assert set(rep.ids("warning")) >= {
+        "names.bias_without_flag",
+        "norm.before_residual_default",
+        "format.verifier_name",
+        "vocab.d2t_dtype",
+        "config.max_position_embeddings",  # 128 < the verifier's 256 (vLLM #48894)
+    }
+
+
+def test_a_draft_context_shorter_than_the_served_one_warns(tmp_path):
+    d = write(tmp_path / "d", speculators_config(), tensors())  # 256 tokens, as the verifier's own
+    assert "config.max_position_embeddings" not in check(d, VERIFIER, expect={"max_model_len": 256}).ids()
+    [f] = [f for f in check(d, VERIFIER, expect={"max_model_len": 1024}).findings
+           if f.id == "config.max_position_embeddings"]  # fmt: skip
+    assert (f.severity, f.expected, f.found) == ("warning", 1024, 256)
 
 
 def test_missing_aux_ids_fall_back_to_vllm_default(tmp_path):
@@ -229,24 +298,34 @@ def test_v2_runner_warning_when_ids_only_in_eagle_config(tmp_path):
 
 
 def test_unregistered_eagle_architecture(tmp_path):
-    cfg = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": H,
-           "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD, "intermediate_size": I,
-           "num_hidden_layers": 1, "vocab_size": V, "draft_vocab_size": VD,
-           "eagle_config": {"eagle_aux_hidden_state_layer_ids": AUX}, "eagle_aux_hidden_state_layer_ids": AUX}
+    cfg = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": H,
+        "num_attention_heads": NH,
+        "num_key_value_heads": NKV,
+        "head_dim": HD,
+        "intermediate_size": I,
+        "num_hidden_layers": 1,
+        "vocab_size": V,
+        "draft_vocab_size": VD,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": AUX},
+        "eagle_aux_hidden_state_layer_ids": AUX,
+    }
     ts = tensors(prefix="midlayer.")
     del ts["input_norm.weight"]
     rep = check(write(tmp_path / "d", cfg, ts), VERIFIER)
     assert "arch.unregistered" in errors(rep)
 
 
-def test_unreadable_checkpoints_raise(tmp_path):
+def test_unreadable_checkpoints_are_findings(tmp_path):
     d = write(tmp_path / "d", speculators_config(), tensors())
     data = (d / "model.safetensors").read_bytes()
     (d / "model.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CompatError, match="truncated"):
-        check(d, VERIFIER)
-    with pytest.raises(CompatError, match="config.json"):
-        check(tmp_path / "empty", VERIFIER)
+    [finding] = check(d, VERIFIER).errors
+    assert (finding.id, finding.field) == ("files.unreadable", "model.safetensors") and "truncated" in finding.message
+    [finding] = check(tmp_path / "empty", VERIFIER).errors
+    assert (finding.id, finding.field) == ("files.unreadable", "config.json")
 
 
 def test_report_renders_for_a_person(tmp_path):
@@ -260,10 +339,20 @@ def test_report_renders_for_a_person(tmp_path):
 
 # ---------------------------------------------------------------- Kimi-K2.5 shapes over a sparse file
 
-KIMI = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "hidden_size": 7168,
-        "num_attention_heads": 64, "num_key_value_heads": 64, "num_hidden_layers": 61, "vocab_size": 163840,
-        "max_position_embeddings": 262144, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-        "v_head_dim": 128}
+KIMI = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "kimi_k2",
+    "hidden_size": 7168,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "num_hidden_layers": 61,
+    "vocab_size": 163840,
+    "max_position_embeddings": 262144,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+}
 
 
 def sparse_safetensors(path: Path, shapes: dict[str, tuple[list[int], str]], small: dict[str, np.ndarray]) -> None:
@@ -287,26 +376,44 @@ def sparse_safetensors(path: Path, shapes: dict[str, tuple[list[int], str]], sma
 
 def kimi_draft(path: Path, head_dim: int, explicit: bool = True) -> Path:
     Hk, nh, nkv, Ik, Vk, Vdk = 7168, 64, 8, 18432, 163840, 32000
-    tlc = {"model_type": "llama", "hidden_size": Hk, "num_attention_heads": nh, "num_key_value_heads": nkv,
-           "intermediate_size": Ik, "num_hidden_layers": 1, "vocab_size": Vk, "hidden_act": "silu",
-           "max_position_embeddings": 262144, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}}
+    tlc = {
+        "model_type": "llama",
+        "hidden_size": Hk,
+        "num_attention_heads": nh,
+        "num_key_value_heads": nkv,
+        "intermediate_size": Ik,
+        "num_hidden_layers": 1,
+        "vocab_size": Vk,
+        "hidden_act": "silu",
+        "max_position_embeddings": 262144,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]},
+    }
     if explicit:
         tlc["head_dim"] = head_dim
-    cfg = speculators_config(transformer_layer_config=tlc, draft_vocab_size=Vdk,
-                             eagle_aux_hidden_state_layer_ids=[2, 30, 58])
+    cfg = speculators_config(
+        transformer_layer_config=tlc, draft_vocab_size=Vdk, eagle_aux_hidden_state_layer_ids=[2, 30, 58]
+    )
     cfg["speculators_config"]["verifier"]["name_or_path"] = "moonshotai/Kimi-K2.5"
     p = "layers.0."
-    shapes = {"fc.weight": ([Hk, 3 * Hk], "BF16"), "input_norm.weight": ([3 * Hk], "BF16"),
-              "norm.weight": ([Hk], "BF16"), "embed_tokens.weight": ([Vk, Hk], "BF16"),
-              "lm_head.weight": ([Vdk, Hk], "BF16"),
-              p + "self_attn.q_proj.weight": ([nh * head_dim, 2 * Hk], "BF16"),
-              p + "self_attn.k_proj.weight": ([nkv * head_dim, 2 * Hk], "BF16"),
-              p + "self_attn.v_proj.weight": ([nkv * head_dim, 2 * Hk], "BF16"),
-              p + "self_attn.o_proj.weight": ([Hk, nh * head_dim], "BF16"),
-              p + "mlp.gate_proj.weight": ([Ik, Hk], "BF16"), p + "mlp.up_proj.weight": ([Ik, Hk], "BF16"),
-              p + "mlp.down_proj.weight": ([Hk, Ik], "BF16"), p + "input_layernorm.weight": ([Hk], "BF16"),
-              p + "hidden_norm.weight": ([Hk], "BF16"), p + "post_attention_layernorm.weight": ([Hk], "BF16"),
-              "d2t": ([Vdk], "I64"), "t2d": ([Vk], "BOOL")}
+    shapes = {
+        "fc.weight": ([Hk, 3 * Hk], "BF16"),
+        "input_norm.weight": ([3 * Hk], "BF16"),
+        "norm.weight": ([Hk], "BF16"),
+        "embed_tokens.weight": ([Vk, Hk], "BF16"),
+        "lm_head.weight": ([Vdk, Hk], "BF16"),
+        p + "self_attn.q_proj.weight": ([nh * head_dim, 2 * Hk], "BF16"),
+        p + "self_attn.k_proj.weight": ([nkv * head_dim, 2 * Hk], "BF16"),
+        p + "self_attn.v_proj.weight": ([nkv * head_dim, 2 * Hk], "BF16"),
+        p + "self_attn.o_proj.weight": ([Hk, nh * head_dim], "BF16"),
+        p + "mlp.gate_proj.weight": ([Ik, Hk], "BF16"),
+        p + "mlp.up_proj.weight": ([Ik, Hk], "BF16"),
+        p + "mlp.down_proj.weight": ([Hk, Ik], "BF16"),
+        p + "input_layernorm.weight": ([Hk], "BF16"),
+        p + "hidden_norm.weight": ([Hk], "BF16"),
+        p + "post_attention_layernorm.weight": ([Hk], "BF16"),
+        "d2t": ([Vdk], "I64"),
+        "t2d": ([Vk], "BOOL"),
+    }
     ids = np.sort(np.random.default_rng(0).choice(Vk, Vdk, replace=False)).astype(np.int64)
     mask = np.zeros(Vk, dtype=bool)
     mask[ids] = True
@@ -347,14 +454,30 @@ def test_cli_exit_code_and_outputs(tmp_path):
     d = write(tmp_path / "d", speculators_config(), tensors())
     vpath = tmp_path / "verifier.json"
     vpath.write_text(json.dumps(VERIFIER))
-    out = subprocess.run([sys.executable, "-m", "draftpipe.compat", str(d), "--verifier", str(vpath),
-                          "--json", str(tmp_path / "r.json"), "--md", str(tmp_path / "r.md")],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "draftpipe.compat",
+            str(d),
+            "--verifier",
+            str(vpath),
+            "--json",
+            str(tmp_path / "r.json"),
+            "--md",
+            str(tmp_path / "r.md"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads((tmp_path / "r.json").read_text())["ok"] is True
     cfg = speculators_config()
     cfg["transformer_layer_config"]["head_dim"] = 16
     write(tmp_path / "bad", cfg, tensors())
-    out = subprocess.run([sys.executable, "-m", "draftpipe.compat", str(tmp_path / "bad"), "--verifier", str(vpath)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "draftpipe.compat", str(tmp_path / "bad"), "--verifier", str(vpath)],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 1 and "shape.head_dim" in out.stdout

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, TINYSTORIES
+
 from draftpipe.draft import (
     TRAINING_STATE,
     clean_work_dir,
@@ -55,14 +55,23 @@ def test_epoch_metrics_average_steps_and_keep_validation():
         {"train": {"loss": 1.0, "full_acc_0": 0.5}, "epoch": 1},
     ]
     rows = epoch_metrics(records)
-    assert rows[0] == {"epoch": 0, "train_loss": 3.0, "train_full_acc_0": pytest.approx(0.2),
-                       "val_loss": 2.5, "val_full_acc_0": 0.25, "train_steps": 2}
+    assert rows[0] == {
+        "epoch": 0,
+        "train_loss": 3.0,
+        "train_full_acc_0": pytest.approx(0.2),
+        "val_loss": 2.5,
+        "val_full_acc_0": 0.25,
+        "train_steps": 2,
+    }
     assert rows[1]["train_loss"] == 1.0 and rows[1]["train_steps"] == 1
 
 
 def test_aux_ids_are_written_where_each_vllm_runner_reads_them():
-    cfg = {"speculators_model_type": "eagle3", "transformer_layer_config": {"model_type": "llama"},
-           "speculators_config": {"verifier": {"name_or_path": "old"}}}
+    cfg = {
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": {"model_type": "llama"},
+        "speculators_config": {"verifier": {"name_or_path": "old"}},
+    }
     out = finalize_config(cfg, [1, 2, 4], "verifier-dir")
     assert out["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]
     assert out["transformer_layer_config"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]
@@ -76,8 +85,7 @@ def test_settings_from_params_splits_unknown_keys():
 
 
 def test_acceptance_arithmetic_on_known_counters():
-    a = acceptance_from_counters(num_drafts=100, num_draft_tokens=300, accepted=150,
-                                 accepted_per_pos=[80, 50, 20])
+    a = acceptance_from_counters(num_drafts=100, num_draft_tokens=300, accepted=150, accepted_per_pos=[80, 50, 20])
     assert a["acceptance_length"] == 2.5
     assert a["acceptance_rate"] == 0.5
     assert a["per_position_acceptance"] == [0.8, 0.5, 0.2]
@@ -90,11 +98,13 @@ def test_counters_read_from_vllm_metric_objects():
 
     from draftpipe.spec_decode import read_spec_counters
 
-    metrics = [M(name="vllm:spec_decode_num_drafts", value=100.0),
-               M(name="vllm:spec_decode_num_draft_tokens", value=300.0),
-               M(name="vllm:spec_decode_num_accepted_tokens", value=150.0),
-               M(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[80, 50, 20]),
-               M(name="vllm:num_requests_running", value=3.0)]
+    metrics = [
+        M(name="vllm:spec_decode_num_drafts", value=100.0),
+        M(name="vllm:spec_decode_num_draft_tokens", value=300.0),
+        M(name="vllm:spec_decode_num_accepted_tokens", value=150.0),
+        M(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[80, 50, 20]),
+        M(name="vllm:num_requests_running", value=3.0),
+    ]
     a = read_spec_counters(metrics)
     assert a["acceptance_length"] == 2.5 and a["per_position_acceptance"] == [0.8, 0.5, 0.2]
 
@@ -158,8 +168,21 @@ def shards(verifier_dir, tmp_path_factory):
 def _train_cmd(verifier_dir, shards, work, out, per_epoch=1, ranks=1, per_step=1, mode="ddp"):
     paths, maps = shards
     out.mkdir(parents=True, exist_ok=True)
-    return [sys.executable, "-c", TRAIN, str(verifier_dir), ",".join(paths), maps, str(work), str(out), str(EPOCHS),
-            str(per_epoch), str(ranks), str(per_step), mode]
+    return [
+        sys.executable,
+        "-c",
+        TRAIN,
+        str(verifier_dir),
+        ",".join(paths),
+        maps,
+        str(work),
+        str(out),
+        str(EPOCHS),
+        str(per_epoch),
+        str(ranks),
+        str(per_step),
+        mode,
+    ]
 
 
 def _env():
@@ -170,22 +193,29 @@ def _env():
 def reference(verifier_dir, shards, tmp_path_factory):
     """One uninterrupted training run (a checkpoint per epoch): its output directory."""
     tmp = tmp_path_factory.mktemp("reference")
-    ref = subprocess.run(_train_cmd(verifier_dir, shards, tmp / "work", tmp / "out"), env=_env(), cwd=tmp,
-                         capture_output=True, text=True)
+    ref = subprocess.run(
+        _train_cmd(verifier_dir, shards, tmp / "work", tmp / "out"), env=_env(), cwd=tmp, capture_output=True, text=True
+    )
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
     assert "resuming from epoch" not in ref.stdout
     return tmp / "out"
 
 
 @pytest.mark.parametrize("per_epoch", [1, 2], ids=["end-of-epoch", "mid-epoch"])
-def test_training_killed_after_a_checkpoint_resumes_to_identical_bytes(verifier_dir, shards, reference, per_epoch,
-                                                                       tmp_path):
+def test_training_killed_after_a_checkpoint_resumes_to_identical_bytes(
+    verifier_dir, shards, reference, per_epoch, tmp_path
+):
     # the same training, SIGKILLed as soon as its first checkpoint is complete: at the end of epoch 0, or (two
     # checkpoints per epoch) half-way through it
     work = tmp_path / "work"
     log = open(tmp_path / "killed.log", "w")
-    proc = subprocess.Popen(_train_cmd(verifier_dir, shards, work, tmp_path / "out", per_epoch), env=_env(),
-                            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        _train_cmd(verifier_dir, shards, work, tmp_path / "out", per_epoch),
+        env=_env(),
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         while latest_checkpoint(work) is None and proc.poll() is None:
             time.sleep(0.02)
@@ -207,8 +237,13 @@ def test_training_killed_after_a_checkpoint_resumes_to_identical_bytes(verifier_
     (work / str(killed_at[0] + 2)).mkdir()
     (work / str(killed_at[0] + 2) / "model.safetensors").write_bytes(b"partial")
 
-    rerun = subprocess.run(_train_cmd(verifier_dir, shards, work, tmp_path / "out", per_epoch), env=_env(),
-                           cwd=tmp_path, capture_output=True, text=True)
+    rerun = subprocess.run(
+        _train_cmd(verifier_dir, shards, work, tmp_path / "out", per_epoch),
+        env=_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     m = re.search(r"resuming from epoch (\d+)( step \d+)? checkpoint (\S+)", rerun.stdout)
     assert m, rerun.stdout[-3000:]
@@ -226,8 +261,13 @@ def test_training_killed_after_a_checkpoint_resumes_to_identical_bytes(verifier_
 
 
 def _train(verifier_dir, shards, tmp, **kw):
-    run = subprocess.run(_train_cmd(verifier_dir, shards, tmp / "work", tmp / "out", **kw), env=_env(), cwd=tmp,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        _train_cmd(verifier_dir, shards, tmp / "work", tmp / "out", **kw),
+        env=_env(),
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return run
 
@@ -295,9 +335,13 @@ def test_step_batches_do_not_depend_on_the_world_size():
         flat = [list(b) for b in one]
         assert len(flat) == 4 * one.steps
         for step in range(one.steps):
-            mine = flat[4 * step:4 * step + 4]  # packed batches 0..3 of the step; rank r trains r and r + 2
-            assert mine == [by_rank[0][2 * step], by_rank[1][2 * step], by_rank[0][2 * step + 1],
-                            by_rank[1][2 * step + 1]]
+            mine = flat[4 * step : 4 * step + 4]  # packed batches 0..3 of the step; rank r trains r and r + 2
+            assert mine == [
+                by_rank[0][2 * step],
+                by_rank[1][2 * step],
+                by_rank[0][2 * step + 1],
+                by_rank[1][2 * step + 1],
+            ]
             assert all(sum(lengths[i] for i in b) <= 256 for b in mine)
         # one packed batch per step, one rank: speculators' own sampler, batch for batch
         single = StepBatchSampler(lengths, 256, 1, 0, 1, seed=5)
@@ -323,13 +367,19 @@ def _live_ranks(spec: str) -> list[int]:
     return pids
 
 
-def test_two_rank_training_killed_after_a_checkpoint_resumes_to_identical_bytes(verifier_dir, shards, two_ranks,
-                                                                                one_rank, tmp_path):
+def test_two_rank_training_killed_after_a_checkpoint_resumes_to_identical_bytes(
+    verifier_dir, shards, two_ranks, one_rank, tmp_path
+):
     work = tmp_path / "work"
     log = open(tmp_path / "killed.log", "w")
     mode, two_out = two_ranks
-    proc = subprocess.Popen(_train_cmd(verifier_dir, shards, work, tmp_path / "out", ranks=2, per_step=2, mode=mode),
-                            env=_env(), cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        _train_cmd(verifier_dir, shards, work, tmp_path / "out", ranks=2, per_step=2, mode=mode),
+        env=_env(),
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         while latest_checkpoint(work) is None and proc.poll() is None:
             time.sleep(0.02)
@@ -354,7 +404,9 @@ def test_two_rank_training_killed_after_a_checkpoint_resumes_to_identical_bytes(
     assert m and int(m.group(1)) == killed_at[0], rerun.stdout[-3000:]
     for name in ("model.safetensors", "config.json"):
         assert sha256_file(tmp_path / "out" / name) == sha256_file(two_out / name), name
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text()) == json.loads((two_out / "metrics.json").read_text())
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text()) == json.loads(
+        (two_out / "metrics.json").read_text()
+    )
     # the checkpoint holds unsharded states keyed by name: one rank resumes it and ends with the one-rank draft
     resumed = _train(verifier_dir, shards, tmp_path / "one", ranks=1, per_step=2)
     assert f"resuming from epoch {killed_at[0]} checkpoint" in resumed.stdout
@@ -366,8 +418,11 @@ def test_ranks_must_divide_the_steps_batches(verifier_dir, shards, tmp_path):
     from draftpipe.draft import DraftSettings, train_draft
 
     paths, maps = shards
-    with pytest.raises(ValueError, match=r"draft.batches_per_step \(3\) must be a multiple of the number of training "
-                                         r"ranks \(2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"draft.batches_per_step \(3\) must be a multiple of the number of training "
+        r"ranks \(2\)",
+    ):
         train_draft(str(verifier_dir), paths, maps, str(tmp_path / "w"), DraftSettings(batches_per_step=3), ranks=2)
     assert not (tmp_path / "w").exists()
 
@@ -382,10 +437,19 @@ def test_a_non_finite_loss_stops_training_before_the_step(verifier_dir, shards, 
 
     paths, maps = shards
     torch.manual_seed(0)
-    with pytest.raises(QualityGateError, match=r"^draft training: the loss is (nan|inf|-inf) at epoch 0, step \d+ "
-                                               r"\(batch 0 of the step\), not finite; lower draft.lr"):
-        train_draft(str(verifier_dir), paths, maps, str(tmp_path / "w"),
-                    DraftSettings(epochs=1, lr=1e30, total_seq_len=256, val_every=5, seed=0), threads=1)
+    with pytest.raises(
+        QualityGateError,
+        match=r"^draft training: the loss is (nan|inf|-inf) at epoch 0, step \d+ "
+        r"\(batch 0 of the step\), not finite; lower draft.lr",
+    ):
+        train_draft(
+            str(verifier_dir),
+            paths,
+            maps,
+            str(tmp_path / "w"),
+            DraftSettings(epochs=1, lr=1e30, total_seq_len=256, val_every=5, seed=0),
+            threads=1,
+        )
 
 
 def test_shards_of_two_chat_templates_are_refused(verifier_dir, shards, tmp_path):
@@ -400,6 +464,9 @@ def test_shards_of_two_chat_templates_are_refused(verifier_dir, shards, tmp_path
         out = tmp_path / f"train_{i:05d}.safetensors"
         write_shard(str(out), list(iter_shard(path)), {**meta, "chat_template_sha256": sha})
         mixed.append(str(out))
-    with pytest.raises(TemplateDriftError, match=rf"^{mixed[1]} was rendered with chat template b{{64}}, but "
-                                                 rf"{mixed[0]} with a{{64}}"):
+    with pytest.raises(
+        TemplateDriftError,
+        match=rf"^{mixed[1]} was rendered with chat template b{{64}}, but "
+        rf"{mixed[0]} with a{{64}}",
+    ):
         train_draft(str(verifier_dir), mixed, maps, str(tmp_path / "w"), DraftSettings(epochs=1), threads=1)

@@ -9,16 +9,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, TINYSTORIES
 from transformers import AutoTokenizer
 
-from conftest import REPO, TINYSTORIES
 from draftpipe.extract import batches, cache_bytes_per_token, engine_layer_ids, kv_transfer_config
 from draftpipe.hidden_states import capture_layers, iter_shard, load_verifier_model
-from draftpipe.io import read_jsonl, write_jsonl
+from draftpipe.io import write_jsonl
+
 
 def test_engine_layer_ids_sorted_distinct_with_last():
     assert engine_layer_ids([4, 1, 2], 5) == [1, 2, 4, 5]
@@ -70,13 +70,28 @@ def probe(request, tiny_verifier, tmp_path_factory):
     out = tmp_path_factory.mktemp("extract")
     rows = _rows(AutoTokenizer.from_pretrained(str(verifier)))
     write_jsonl(out / "rows.jsonl", rows)
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "extract_probe.py"), str(verifier),
-                           str(out / "rows.jsonl"), str(out), *map(str, aux)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tests" / "extract_probe.py"),
+            str(verifier),
+            str(out / "rows.jsonl"),
+            str(out),
+            *map(str, aux),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     shards = {name: list(iter_shard(str(out / f"{name}.safetensors"))) for name in ("batch", "single", "cached")}
-    return {"rows": rows, "shards": shards, "left": json.loads((out / "left.json").read_text()), "aux": aux,
-            "oracle": load_verifier_model(str(verifier), "float32")}
+    return {
+        "rows": rows,
+        "shards": shards,
+        "left": json.loads((out / "left.json").read_text()),
+        "aux": aux,
+        "oracle": load_verifier_model(str(verifier), "float32"),
+    }
 
 
 def test_vllm_states_equal_the_transformers_oracle(probe):
@@ -90,7 +105,7 @@ def test_vllm_states_equal_the_transformers_oracle(probe):
         ref = capture_layers(oracle, torch.tensor(ids), sorted(aux) + [n])
         assert s["hidden_states"].shape == (len(ids), 3 * h) and s["hidden_states"].dtype == torch.float32
         for j, k in enumerate(sorted(aux)):  # ascending ids, whatever the order given
-            worst = max(worst, float((s["hidden_states"][:, j * h:(j + 1) * h] - ref[k]).abs().max()))
+            worst = max(worst, float((s["hidden_states"][:, j * h : (j + 1) * h] - ref[k]).abs().max()))
         worst = max(worst, float((s["verifier_last_hidden_states"] - ref[n]).abs().max()))
     assert worst < 1e-4, worst
     assert len(shards["batch"]) == len(rows) == 10

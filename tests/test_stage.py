@@ -29,14 +29,16 @@ def upper(calls: list):
         calls.append([t.shard for t in tasks])
         for t in tasks:
             write_text(t.entry, Path(t.inputs[0]).read_text().upper())
+
     return compute
 
 
 def job(root: Path, i: int, calls: list, n: int = 3, settings=None, share=True) -> dict:
     """What one shard job does: all tasks of the stage, this job's shard `i`."""
     tasks = make_stage(root, n)
-    return run_stage(tasks[i], tasks, root / "store", ".txt", settings or {"t": 0.8}, "code-v1", upper(calls),
-                     share=share)
+    return run_stage(
+        tasks[i], tasks, root / "store", ".txt", settings or {"t": 0.8}, "code-v1", upper(calls), share=share
+    )
 
 
 def test_the_first_job_fills_every_shard_and_the_others_only_link(tmp_path):
@@ -150,8 +152,16 @@ def test_a_damaged_entry_is_computed_again_not_linked(tmp_path):
         fh.truncate(3)
     out.unlink()  # quarantined, or removed by Snakemake before the rerun
     tasks = make_stage(tmp_path)
-    res = run_stage(tasks[2], tasks, tmp_path / "store", ".txt", {"t": 0.8}, "code-v1", upper(calls),
-                    check=lambda p: None if p.read_text().endswith("\n") else "truncated")
+    res = run_stage(
+        tasks[2],
+        tasks,
+        tmp_path / "store",
+        ".txt",
+        {"t": 0.8},
+        "code-v1",
+        upper(calls),
+        check=lambda p: None if p.read_text().endswith("\n") else "truncated",
+    )
     assert res["computed"] == ["00002"] and out.read_text() == "PROMPT 2\n"
 
 

@@ -27,11 +27,21 @@ def pair(tiny_verifier, tmp_path_factory):
     wrapped.mkdir()
     text_cfg = json.loads((text / "config.json").read_text())
     text_cfg["model_type"] = "kimi_k2"  # as in the hub's Kimi-K2.5 config.json
-    cfg = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
-           "text_config": text_cfg,
-           "vision_config": {"model_type": "kimi_k25_vision", "patch_size": 14, "hidden_size": 32,
-                             "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64},
-           "projection_hidden_size": 32, "tie_word_embeddings": False}
+    cfg = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": text_cfg,
+        "vision_config": {
+            "model_type": "kimi_k25_vision",
+            "patch_size": 14,
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+        },
+        "projection_hidden_size": 32,
+        "tie_word_embeddings": False,
+    }
     (wrapped / "config.json").write_text(json.dumps(cfg))
     weights = {f"language_model.{k}": v for k, v in load_file(text / "model.safetensors").items()}
     weights["vision_tower.patch_embed.proj.weight"] = torch.zeros(32, 3, 14, 14)
@@ -51,7 +61,11 @@ def test_config_check_plan_and_report_read_the_text_model(pair):
     text, wrapped = pair
     shapes = [verifier_shape({"kind": "local", "path": str(d)}) for d in pair]
     assert shapes[0] == shapes[1] == {"num_hidden_layers": 4, "vocab_size": 512, "hidden_size": 64}
-    cfg = {"prompts": {"sources": []}, "hidden_states": {"aux_layer_ids": [3, 1, 2]}, "vocab": {"draft_vocab_size": 256}}
+    cfg = {
+        "prompts": {"sources": []},
+        "hidden_states": {"aux_layer_ids": [3, 1, 2]},
+        "vocab": {"draft_vocab_size": 256},
+    }
     derived = [check_config(cfg, {"kind": "local", "path": str(d)}) for d in pair]
     assert derived[0] == derived[1] and derived[1]["aux_layer_ids"] == [1, 2, 3]
     cfg["hidden_states"]["aux_layer_ids"] = [1, 2, 5]  # beyond the text model's 4 layers

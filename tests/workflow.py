@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import yaml
-
 from conftest import REPO
 
 WORKFLOW_FILES = ("Snakefile", "config.yaml", "rules", "scripts", "profiles", "configs", "draftpipe")
@@ -52,7 +51,7 @@ def planned_jobs(workdir: Path, *args: str, target: str = "results/draft/model.s
     out = snakemake(workdir, target, *args, "-n", "-q", "rules").stdout
     if "Nothing to be done" in out:
         return {}
-    table = out[out.index("Job stats:"):]
+    table = out[out.index("Job stats:") :]
     jobs = {}
     for line in table.splitlines()[3:]:
         m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
