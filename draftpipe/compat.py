@@ -20,7 +20,6 @@ give the header length, then a JSON header); only ``d2t`` and ``t2d`` (a few hun
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from draftpipe.engine import is_cpu_build
-from draftpipe.io import DTYPE_BYTES, SafetensorsHeaderError, write_json, write_text
+from draftpipe.io import SafetensorsHeaderError, tensor_entry_problem, write_json, write_text
 from draftpipe.io import read_safetensors_header as io_read_header
 from draftpipe.verifier import load_verifier_config as read_verifier_config
 from draftpipe.verifier import text_config
@@ -358,34 +357,11 @@ def typed_config(rep: Report, config: Any) -> dict:
 
 
 def typed_tensors(rep: Report, tensors: dict) -> dict:
-    """The header entries whose ``dtype`` is a string, ``shape`` a list of integers >= 0 and ``data_offsets`` two
-    integers ``0 <= begin <= end`` spanning ``prod(shape)`` elements of the dtype; any other entry is a
+    """The header entries that :func:`draftpipe.io.tensor_entry_problem` accepts; any other entry is a
     ``tensor.header`` error naming the tensor, and is left out."""
     out = {}
     for name, info in tensors.items():
-        why = None
-        if not isinstance(info, dict):
-            why = f"entry is {type(info).__name__}, not an object"
-        else:
-            dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-            if not isinstance(dtype, str):
-                why = f"dtype {dtype!r} is not a string"
-            elif not isinstance(shape, list) or not all(
-                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-            ):
-                why = f"shape {json.dumps(shape, default=str)[:60]} is not a list of integers >= 0"
-            elif not (
-                isinstance(offsets, list)
-                and len(offsets) == 2
-                and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-                and 0 <= offsets[0] <= offsets[1]
-            ):
-                why = f"data_offsets {json.dumps(offsets, default=str)[:60]} are not [begin, end]"
-            elif dtype in DTYPE_BYTES and offsets[1] - offsets[0] != DTYPE_BYTES[dtype] * math.prod(shape):
-                why = (
-                    f"{offsets[1] - offsets[0]} bytes for shape {shape} of {dtype} "
-                    f"({DTYPE_BYTES[dtype] * math.prod(shape)} expected)"
-                )
+        why = tensor_entry_problem(info)
         if why is None:
             out[name] = info
         else:

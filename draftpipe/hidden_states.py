@@ -33,18 +33,17 @@ over thousands of shards before a build) and catches truncation, missing tensors
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from draftpipe.io import (
-    DTYPE_BYTES,
     SafetensorsHeaderError,
     read_cache,
     read_safetensors_header,
     save_safetensors,
     stat_key,
+    tensor_entry_problem,
     write_cache,
 )
 
@@ -254,21 +253,10 @@ def _check_layout(header: dict, data_start: int, size: int) -> None:
     data section without gaps or overlaps, and the file ends where the last span does."""
     spans = []
     for name, info in header.items():
-        try:
-            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-        except (TypeError, KeyError, ValueError):
-            raise _Bad(f"tensor {name}: malformed header entry {info!r}") from None
-        if dtype not in DTYPE_BYTES:
-            raise _Bad(f"tensor {name}: unknown dtype {dtype!r}")
-        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-            raise _Bad(f"tensor {name}: malformed shape {shape!r}")
-        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
-            raise _Bad(f"tensor {name}: malformed data_offsets {[begin, end]!r}")
-        if end - begin != math.prod(shape) * DTYPE_BYTES[dtype]:
-            raise _Bad(
-                f"tensor {name}: {dtype} {shape} needs {math.prod(shape) * DTYPE_BYTES[dtype]} bytes but "
-                f"data_offsets span {end - begin}"
-            )
+        problem = tensor_entry_problem(info)
+        if problem is not None:
+            raise _Bad(f"tensor {name}: {problem}")
+        begin, end = info["data_offsets"]
         spans.append((begin, end, name))
     spans.sort()
     at = 0

@@ -11,6 +11,7 @@ import contextlib
 import glob
 import hashlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -198,6 +199,28 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, dict, int, i
     if not isinstance(meta, dict):
         raise SafetensorsHeaderError("header __metadata__ is not a JSON object")
     return header, meta, 8 + n, size
+
+
+def tensor_entry_problem(info: Any) -> str | None:
+    """Why one tensor entry of a safetensors header is malformed, or None: the entry is an object whose ``dtype`` is a
+    dtype of :data:`DTYPE_BYTES`, whose ``shape`` is a list of integers >= 0 and whose ``data_offsets``
+    ``[begin, end]`` (``0 <= begin <= end``) span ``prod(shape)`` elements of that dtype (safetensors
+    specification). Whether the spans tile the file is the caller's to check."""
+    try:
+        dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+    except (TypeError, KeyError, ValueError):
+        return f"malformed header entry {info!r}"
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        return f"unknown dtype {dtype!r}"
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+        return f"malformed shape {shape!r}"
+    if not (type(begin) is int and type(end) is int and 0 <= begin <= end):
+        return f"malformed data_offsets {[begin, end]!r}"
+    if end - begin != math.prod(shape) * DTYPE_BYTES[dtype]:
+        return (
+            f"{dtype} {shape} needs {math.prod(shape) * DTYPE_BYTES[dtype]} bytes but data_offsets span {end - begin}"
+        )
+    return None
 
 
 def canonicalize_safetensors_header(path: str | os.PathLike) -> bool:
