@@ -50,7 +50,6 @@ _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 # no "--" or ".." (huggingface_hub validate_repo_id rules), at most 96 characters per the hub.
 _HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _HUB_ID_RE = re.compile(rf"^{_HUB_PART}/{_HUB_PART}$")
-_TRUE_ENV_VALUES = {"1", "ON", "YES", "TRUE"}
 
 
 class VerifierNotFoundError(ValueError):
@@ -62,15 +61,11 @@ class VerifierNotFoundError(ValueError):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().upper() in _TRUE_ENV_VALUES
-
-
 def _looks_like_hub_id(spec: str) -> bool:
     return len(spec) <= 96 * 2 + 1 and _HUB_ID_RE.match(spec) is not None and "--" not in spec and ".." not in spec
 
 
-def resolve_verifier(spec: str, field: str = "verifier.path") -> dict:
+def resolve_verifier(spec: str, field: str = "verifier.path", revision: str | None = None) -> dict:
     """Classify a user's verifier spec as a GGUF file, a local Hugging Face directory or a hub model id.
 
     Rules, in order:
@@ -82,18 +77,20 @@ def resolve_verifier(spec: str, field: str = "verifier.path") -> dict:
     3. not an existing path, not ending in ``.gguf``, its parent directory not existing locally, and shaped like
        a hub id ``namespace/name`` (letters, digits, ``-``, ``_``, ``.``) ->
        ``{"kind": "hub", "id": spec, "config_path": <local config.json>}``, but only if its ``config.json`` is
-       found: first ``huggingface_hub.try_to_load_from_cache(id, "config.json")``, then, unless
-       ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is true, one HEAD request without retries
-       (``get_hf_file_metadata``, 10 s timeout) and then ``huggingface_hub.hf_hub_download``.
+       in the local Hugging Face cache (``huggingface_hub.try_to_load_from_cache(id, "config.json", revision)``).
+       Nothing is downloaded: this runs whenever the workflow is read (every dry run, every cluster job), which
+       makes no network request. An uncached id is an error that says how to fetch it (``hf download``, the hub's
+       own command line) or to plan from a copy of its config (``verifier.config_json``).
     4. anything else -> :class:`VerifierNotFoundError`.
 
-    Cheap on purpose (it runs when the Snakefile is parsed): no torch/transformers import; ``huggingface_hub``
-    is imported only for hub-shaped specs.
+    Cheap on purpose: no torch/transformers import; ``huggingface_hub`` is imported only for hub-shaped specs.
 
     Args:
         spec: the configured value, e.g. ``"models/stories260K.gguf"``, ``"results/verifier/hf"`` or
             ``"meta-llama/Llama-3.2-1B"``.
         field: the config key the value came from, used in error messages.
+        revision: the hub revision (``verifier.revision``: branch, tag or commit) whose cached config is looked
+            up; ``None`` is the hub's default branch.
 
     Returns:
         A dict with ``kind`` in ``{"gguf", "local", "hub"}`` and ``path`` (gguf, local) or ``id`` and
@@ -101,8 +98,8 @@ def resolve_verifier(spec: str, field: str = "verifier.path") -> dict:
 
     Raises:
         VerifierNotFoundError (a ValueError): the message names ``field`` and ``spec`` and says what was tried
-            (missing path, directory without ``config.json``, a file that is not ``.gguf``, or a hub id neither
-            cached nor downloadable).
+            (missing path, directory without ``config.json``, a file that is not ``.gguf``, or a hub id whose
+            ``config.json`` is not cached, with the command that fetches it).
     """
     if not isinstance(spec, str) or not spec.strip():
         raise VerifierNotFoundError(f"{field}: expected a path or a Hugging Face model id, got {spec!r}")
@@ -140,42 +137,25 @@ def resolve_verifier(spec: str, field: str = "verifier.path") -> dict:
             f"{field}: {spec!r} does not exist, although its parent directory {str(local.parent)!r} does "
             f"(resolved to {os.path.abspath(norm)!r}); not looking it up on the Hugging Face hub"
         )
-    return _resolve_hub(spec, field)
+    return _resolve_hub(spec, field, revision)
 
 
-def _resolve_hub(repo_id: str, field: str) -> dict:
+def _resolve_hub(repo_id: str, field: str, revision: str | None = None) -> dict:
     import huggingface_hub  # lazy: only hub-shaped specs pay for it
 
-    tried = []
     try:
-        cached = huggingface_hub.try_to_load_from_cache(repo_id, "config.json")
+        cached = huggingface_hub.try_to_load_from_cache(repo_id, "config.json", revision=revision)
     except Exception as exc:  # malformed id per the hub's own validator, unreadable cache, ...
-        cached = None
-        tried.append(f"the local Hugging Face cache ({type(exc).__name__}: {exc})")
+        why = f"the local Hugging Face cache could not be read ({type(exc).__name__}: {exc})"
     else:
         if isinstance(cached, str):
             return {"kind": "hub", "id": repo_id, "config_path": cached}
-        tried.append("the local Hugging Face cache (config.json not cached)")
-
-    offline = [name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if _env_true(name)]
-    if offline:
-        tried.append(f"no download ({offline[0]} is set)")
-    else:
-        try:
-            # One HEAD request without retries first: hf_hub_download retries network errors with backoff
-            # (about 23 s with no network), too slow for Snakefile parse time.
-            huggingface_hub.get_hf_file_metadata(
-                huggingface_hub.hf_hub_url(repo_id, "config.json"), timeout=10, retry_on_errors=False
-            )
-            path = huggingface_hub.hf_hub_download(repo_id, "config.json")
-        except Exception as exc:  # RepositoryNotFoundError, gated repos, no network, ...
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            tried.append(f"downloading config.json from the Hugging Face hub ({type(exc).__name__}: {msg})")
-        else:
-            return {"kind": "hub", "id": repo_id, "config_path": str(path)}
+        why = "its config.json is not in the local Hugging Face cache"
+    rev = f" --revision {revision}" if revision else ""
     raise VerifierNotFoundError(
-        f"{field}: {repo_id!r} is not a local path and no Hugging Face model config.json was found for it; "
-        f"tried: {'; '.join(tried)}"
+        f"{field}: {repo_id!r} is not a local path, and {why}. Reading the workflow makes no network request: "
+        f"download the model first (`hf download {repo_id}{rev}`; its config alone, `hf download {repo_id}{rev} "
+        f"config.json`, is enough to plan), or set verifier.config_json to a copy of its config.json"
     )
 
 

@@ -39,6 +39,8 @@ rule bench_run:
     threads: res("bench_run", "threads")
     resources:
         **stage_resources("bench_run"),
+    conda:
+        ML_ENV
     script:
         "../scripts/bench_run.py"
 
@@ -55,5 +57,7 @@ rule bench_report:
     log:
         "results/logs/bench_report.log",
     threads: 1
+    conda:
+        ML_ENV
     script:
         "../scripts/bench_report.py"

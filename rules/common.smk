@@ -1,4 +1,5 @@
 # Validation, verifier lookup, shard ids and input functions shared by every stage.
+import functools
 import json
 import os
 import sys
@@ -21,7 +22,9 @@ try:
             raise ConfigError(f"verifier.config_json: {_config_json} does not exist")
         VERIFIER = {"kind": "hub", "id": config["verifier"]["path"], "config_path": _config_json}
     else:
-        VERIFIER = resolve_verifier(config["verifier"]["path"], field="verifier.path")
+        VERIFIER = resolve_verifier(
+            config["verifier"]["path"], field="verifier.path", revision=config["verifier"]["revision"]
+        )
     DERIVED = check_config(config, VERIFIER)
     # verifier.chat_template_file (checked above): its content is a param of the stages that render conversations
     CHAT_TEMPLATE_SHA = template_sha256(config["verifier"]["chat_template_file"])
@@ -35,6 +38,11 @@ elif VERIFIER["kind"] == "local":
     VERIFIER_DIR = str(VERIFIER["path"])
 else:
     VERIFIER_DIR = VERIFIER["id"]
+
+
+# The conda environment of every rule, for `--sdm conda` (envs/cpu.yaml or, with DRAFTPIPE_ENV=gpu, envs/gpu.yaml:
+# the packages of envs/<name>.txt, which envs/setup.sh installs into .venv/ for a run without conda).
+ML_ENV = f"../envs/{os.environ.get('DRAFTPIPE_ENV') or 'cpu'}.yaml"
 
 
 def canon(obj):
@@ -60,24 +68,33 @@ LIVE_CHECK = bool(_live)
 SHARDS = [f"{i:05d}" for i in range(config["prompts"]["num_shards"])]
 
 # What each part of the prompt set (training shards, eval split) will hold, known before any job runs: a part's
-# job is planned when its fingerprint changes (see draftpipe/fingerprint.py and rules/prompts.smk).
-try:
-    PROMPTS_FP = prompt_fingerprints(
-        config["prompts"]["sources"],
-        config["prompts"]["eval_fraction"],
-        config["prompts"]["num_shards"],
-        config["prompts"]["split_seed"],
-        config["prompts"]["system_prompt"],
-    )
-except (OSError, ValueError) as exc:
-    raise WorkflowError(f"prompt source error: {exc}")
+# job is planned when its fingerprint changes (see draftpipe/fingerprint.py and rules/prompts.smk). The sources are
+# read where the fingerprints are needed: when the main process plans, and in a prompt_shard job itself; a cluster
+# job of another stage reads the workflow without reading them.
+@functools.cache
+def prompts_fp():
+    """{"train": [fingerprint per shard], "eval": fingerprint} of the configured prompt set (read once)."""
+    try:
+        return prompt_fingerprints(
+            config["prompts"]["sources"],
+            config["prompts"]["eval_fraction"],
+            config["prompts"]["num_shards"],
+            config["prompts"]["split_seed"],
+            config["prompts"]["system_prompt"],
+        )
+    except (OSError, ValueError) as exc:
+        raise WorkflowError(f"prompt source error: {exc}")
+
+
+if workflow.is_main_process:
+    prompts_fp()  # a bad source fails here, before any job is planned, naming the file and line
 
 
 def prompt_part_fp(wildcards):
     """Fingerprint of the records of prompt-set part `wildcards.part` (`train_NNNNN` or `eval`)."""
     if wildcards.part == "eval":
-        return PROMPTS_FP["eval"]
-    return PROMPTS_FP["train"][int(wildcards.part[6:])]
+        return prompts_fp()["eval"]
+    return prompts_fp()["train"][int(wildcards.part[6:])]
 
 
 wildcard_constraints:

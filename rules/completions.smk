@@ -24,6 +24,8 @@ rule completions:
     threads: res("completions", "threads")
     resources:
         **stage_resources("completions"),
+    conda:
+        ML_ENV
     script:
         "../scripts/completions.py"
 
@@ -40,5 +42,7 @@ rule completion_stats:
         "results/benchmarks/completion_stats.tsv"
     threads: 1
     localrule: True
+    conda:
+        ML_ENV
     script:
         "../scripts/completion_stats.py"

@@ -20,5 +20,7 @@ rule draft:
     threads: res("draft", "threads")
     resources:
         **stage_resources("draft"),
+    conda:
+        ML_ENV
     script:
         "../scripts/train_draft.py"

@@ -24,5 +24,7 @@ rule hidden_states:
     threads: res("hidden_states", "threads")
     resources:
         **stage_resources("hidden_states"),
+    conda:
+        ML_ENV
     script:
         "../scripts/hidden_states.py"

@@ -1,6 +1,6 @@
 # Stage 1: prompt set. Sources are read, normalised, deduplicated, split and sharded by content id.
 # One job per part (each training shard, the eval split) so that a change to the sources rewrites only the parts
-# whose prompts changed. A part's content is known when the workflow is parsed (PROMPTS_FP, rules/common.smk):
+# whose prompts changed. A part's content is known when the workflow is planned (prompts_fp, rules/common.smk):
 # the job is planned when that fingerprint changes, not when a source file is touched, renamed or grows elsewhere.
 rule prompt_shard:
     output:
@@ -15,6 +15,8 @@ rule prompt_shard:
     benchmark:
         "results/benchmarks/prompts/{part}.tsv"
     threads: 1
+    conda:
+        ML_ENV
     script:
         "../scripts/prompt_shard.py"
 
@@ -35,5 +37,7 @@ rule prompt_set:
         "results/benchmarks/prompt_set.tsv"
     threads: 1
     localrule: True
+    conda:
+        ML_ENV
     script:
         "../scripts/prompt_set.py"

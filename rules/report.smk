@@ -32,5 +32,7 @@ rule compat_report:
     threads: res("compat_report", "threads")
     resources:
         **stage_resources("compat_report"),
+    conda:
+        ML_ENV
     script:
         "../scripts/compat_report.py"

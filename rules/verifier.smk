@@ -21,5 +21,7 @@ if VERIFIER["kind"] == "gguf":
         threads: 1
         resources:
             mem_mb=4000,
+        conda:
+            ML_ENV
         script:
             "../scripts/convert_verifier.py"

@@ -19,5 +19,7 @@ rule vocab_maps:
     threads: res("vocab_maps", "threads")
     resources:
         **stage_resources("vocab_maps"),
+    conda:
+        ML_ENV
     script:
         "../scripts/vocab_maps.py"

@@ -296,59 +296,60 @@ def test_resolve_missing_path(monkeypatch, tmp_path):
         resolve_verifier("models/llama")
 
 
-def test_resolve_hub_online_failure_is_fast(monkeypatch, tmp_path):
-    import huggingface_hub
+def _no_network(monkeypatch):
+    """Every socket connection of this process fails, and is recorded."""
+    import socket
+
+    attempts = []
+
+    def refuse(self, address, *a, **k):
+        attempts.append(address)
+        raise OSError("draftpipe-tests: no network at parse time")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    return attempts
+
+
+def test_resolve_hub_reads_only_the_cache(monkeypatch, tmp_path):
+    """A hub id resolves from the local Hugging Face cache or not at all: reading the workflow makes no network
+    request, and the error says how to fetch the model or plan without it."""
     from huggingface_hub import constants
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    calls = []
+    attempts = _no_network(monkeypatch)
 
-    def head(url, **kw):
-        calls.append((url, kw))
-        raise ConnectionError("Name or service not known")
-
-    def no_download(*a, **k):
-        raise AssertionError("hf_hub_download (which retries with backoff) must not run after a failed probe")
-
-    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", head)
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_download)
     with pytest.raises(VerifierNotFoundError) as exc:
-        resolve_verifier("draftpipe-tests/unreachable", field="verifier.model")
-    msg = str(exc.value)
-    assert "verifier.model" in msg and "ConnectionError" in msg and "cache" in msg and "hub" in msg
-    assert len(calls) == 1 and calls[0][1]["retry_on_errors"] is False
+        resolve_verifier("draftpipe-tests/not-a-cached-model", field="verifier.model")
+    assert str(exc.value) == (
+        "verifier.model: 'draftpipe-tests/not-a-cached-model' is not a local path, and its config.json is not in "
+        "the local Hugging Face cache. Reading the workflow makes no network request: download the model first "
+        "(`hf download draftpipe-tests/not-a-cached-model`; its config alone, `hf download "
+        "draftpipe-tests/not-a-cached-model config.json`, is enough to plan), or set verifier.config_json to a "
+        "copy of its config.json"
+    )
+    with pytest.raises(VerifierNotFoundError, match="--revision v2 config.json"):
+        resolve_verifier("draftpipe-tests/not-a-cached-model", revision="v2")
 
-
-def test_resolve_hub_offline(monkeypatch, tmp_path):
-    import huggingface_hub
-    from huggingface_hub import constants
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-
-    def no_download(*a, **k):
-        raise AssertionError("hf_hub_download must not be called when HF_HUB_OFFLINE is set")
-
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_download)
-    with pytest.raises(VerifierNotFoundError) as exc:
-        resolve_verifier("draftpipe-tests/not-a-cached-model", field="verifier.path")
-    msg = str(exc.value)
-    assert "verifier.path" in msg and "draftpipe-tests/not-a-cached-model" in msg and "HF_HUB_OFFLINE" in msg
-
-    # a cached config.json is enough
+    # a cached config.json is enough, at the default branch or at the configured revision
     repo = tmp_path / "hub" / "models--draftpipe-tests--cached-model"
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text("0" * 40)
-    snap = repo / "snapshots" / ("0" * 40)
-    snap.mkdir(parents=True)
-    (snap / "config.json").write_text("{}")
+    (repo / "refs" / "v2").write_text("1" * 40)
+    for commit in ("0" * 40, "1" * 40):
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").write_text("{}")
     got = resolve_verifier("draftpipe-tests/cached-model")
     assert got["kind"] == "hub" and got["id"] == "draftpipe-tests/cached-model"
-    assert Path(got["config_path"]) == snap / "config.json"
+    assert Path(got["config_path"]) == repo / "snapshots" / ("0" * 40) / "config.json"
+    got = resolve_verifier("draftpipe-tests/cached-model", revision="v2")
+    assert Path(got["config_path"]) == repo / "snapshots" / ("1" * 40) / "config.json"
+    with pytest.raises(VerifierNotFoundError, match="--revision v3"):
+        resolve_verifier("draftpipe-tests/cached-model", revision="v3")
+    assert attempts == []
 
 
 def test_resolve_is_light():
