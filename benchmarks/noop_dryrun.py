@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_FILES = ("Snakefile", "config.yaml", "rules", "scripts", "profiles", "configs", "draftpipe")
+WORKFLOW_FILES = ("Snakefile", "config.yaml", "rules", "scripts", "profiles", "configs", "draftpipe", "envs")
 TARGET = "results/draft/model.safetensors"
 
 

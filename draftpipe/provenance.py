@@ -1,7 +1,7 @@
 """Provenance manifests: what every artifact was built from, and a check that it still is.
 
-Every output of a job gets ``<output>.manifest.json`` beside it, written atomically when the job script has
-run to its end (:func:`draftpipe.runtime.start_job` arranges that). A manifest records:
+Every output of a job gets ``<output>.manifest.json`` beside it, written atomically when the job script's
+``with draftpipe.runtime.job(snakemake):`` block ends normally. A manifest records:
 
 * ``artifact``: the output's path (as the rule names it), ``size``, ``mtime_ns``, ``inode``, ``probe`` and
   ``sha256``;

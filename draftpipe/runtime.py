@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import atexit
-import dis
+import contextlib
 import importlib.util
 import logging
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from draftpipe.gpus import hold
@@ -76,97 +74,22 @@ def engine_parallelism(gpus: int) -> dict:
     return {"tensor_parallel_size": int(gpus)} if int(gpus) > 1 else {}
 
 
-def _outermost_frame():
-    """The bottom Python frame of this thread: the ``__main__`` module code of a script run as ``python file``."""
-    frame = sys._getframe(1)
-    while frame.f_back is not None:
-        frame = frame.f_back
-    return frame
+@contextlib.contextmanager
+def job(smk):
+    """The body of every job script, given Snakemake's ``snakemake`` object: ``with job(snakemake): ...``.
 
+    On entry: continue in the ML environment (:func:`ensure_ml_python`, which may replace this process with the ML
+    interpreter running the same script), send output to the rule's log, take the job's own GPUs
+    (``resources.gpu``, :func:`draftpipe.gpus.hold`), use the job's ``threads`` in torch, remove the outputs'
+    previous provenance manifests and the temporary files a killed earlier run of the job left beside its outputs
+    (:func:`draftpipe.io.remove_interrupted_writes`).
 
-_RETURNS = {dis.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST") if name in dis.opmap}
-
-
-def _ran_to_end(frame) -> bool:
-    """Whether ``frame`` finished by returning, not by an exception unwinding it (``SystemExit`` included).
-
-    A finished frame keeps the offset of the last instruction it executed (``f_lasti``): a return instruction
-    when it ran to its end, the raising instruction (a call of ``sys.exit``, a ``raise``, ...) otherwise.
+    On a normal exit of the block, in the process that entered it: write the outputs' provenance manifests
+    (:func:`draftpipe.provenance.write_manifests`). An exception leaving the block (``SystemExit`` from
+    ``sys.exit`` included, whatever its code) writes none and goes on; so does a process forked inside the block
+    (vLLM's workers, a ``multiprocessing`` pool), whose pid differs. ``os._exit`` and fatal signals leave no
+    manifest either: a job without one is unfinished to ``python -m draftpipe.verify``.
     """
-    lasti = frame.f_lasti
-    code = frame.f_code.co_code
-    return 0 <= lasti < len(code) and code[lasti] in _RETURNS
-
-
-class _ScriptOutcome:
-    """Runs callbacks at interpreter exit only if this process's main script ran to its end.
-
-    Failure is any uncaught exception (recorded by a wrapped ``sys.excepthook``) or any ``SystemExit`` that
-    ended the script early, whatever its code (seen from the main frame, which did not run to its end; an
-    early ``sys.exit(0)`` therefore counts as not finished). A process forked from this one (vLLM's workers, a
-    ``multiprocessing`` pool) never runs the callbacks: the pid is compared. ``os._exit`` and fatal signals skip
-    ``atexit`` altogether.
-    """
-
-    def __init__(self):
-        self.pid = os.getpid()
-        self.frame = _outermost_frame()
-        self.failure: str | None = None
-        self.callbacks: list[Callable[[], None]] = []
-        previous = sys.excepthook
-
-        def excepthook(exc_type, exc, tb):
-            if os.getpid() == self.pid:
-                self.failure = exc_type.__name__
-            previous(exc_type, exc, tb)
-
-        sys.excepthook = excepthook
-        atexit.register(self._at_exit)
-
-    def succeeded(self) -> bool:
-        """True in the registering process when no uncaught exception was seen and the main frame returned."""
-        return os.getpid() == self.pid and self.failure is None and _ran_to_end(self.frame)
-
-    def _at_exit(self) -> None:
-        if os.getpid() != self.pid:
-            return
-        if not self.succeeded():
-            print(
-                f"draftpipe: the job script did not finish ({self.failure or 'exited early'}); no manifests written",
-                file=sys.stderr,
-                flush=True,
-            )
-            return
-        for callback in self.callbacks:
-            try:
-                callback()
-            except Exception:
-                logging.getLogger("draftpipe.runtime").exception("exit callback %r failed", callback)
-
-
-_OUTCOME: _ScriptOutcome | None = None
-
-
-def on_successful_exit(callback: Callable[[], None]) -> None:
-    """Run ``callback()`` at interpreter exit if, and only if, this process's main script ran to its end.
-
-    Call it from the main script's process (not from a worker). Callbacks run in registration order, after
-    the ``atexit`` handlers registered later (vLLM's engine shutdown, for one); an exception in one is logged
-    and does not change the exit status.
-    """
-    global _OUTCOME
-    if _OUTCOME is None or _OUTCOME.pid != os.getpid():
-        _OUTCOME = _ScriptOutcome()
-    _OUTCOME.callbacks.append(callback)
-
-
-def start_job(smk) -> None:
-    """What every job script does first, given Snakemake's ``snakemake`` object: continue in the ML environment
-    (:func:`ensure_ml_python`), send output to the rule's log, take the job's own GPUs (``resources.gpu``,
-    :func:`draftpipe.gpus.hold`), use the job's ``threads`` in torch, remove the outputs' previous provenance
-    manifests and the temporary files a killed earlier run of the job left beside its outputs
-    (:func:`draftpipe.io.remove_interrupted_writes`), and write new manifests when the script has run to its end
-    (:func:`draftpipe.provenance.write_manifests`; nothing is written when it fails or exits early)."""
     started_at = os.environ.get(_STARTED_AT_ENV)
     if not started_at:
         started_at = now_iso()
@@ -183,7 +106,19 @@ def start_job(smk) -> None:
     outputs = [str(o) for o in smk.output]
     for tmp in remove_interrupted_writes(outputs + [str(manifest_path(o)) for o in outputs]):
         print(f"removed {tmp} (left by an interrupted write of this output)", flush=True)
-    on_successful_exit(lambda: _write_manifests(smk, started_at))
+    pid = os.getpid()
+    try:
+        yield
+    except BaseException as exc:
+        if os.getpid() == pid:
+            print(
+                f"draftpipe: the job script did not finish ({type(exc).__name__}); no manifests written",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise
+    if os.getpid() == pid:
+        _write_manifests(smk, started_at)
 
 
 def _write_manifests(smk, started_at: str) -> None:

@@ -6,22 +6,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
-from draftpipe.runtime import start_job
+from draftpipe.runtime import job
 
-start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
+    from draftpipe.bench import plot, render_report
+    from draftpipe.gates import check_acceptance
+    from draftpipe.io import write_text
 
-from draftpipe.bench import plot, render_report
-from draftpipe.gates import check_acceptance
-from draftpipe.io import write_text
-
-style = snakemake.params.style
-summary = json.loads(Path(snakemake.input.summary).read_text())
-# the quality gate reads the measurement, which stays when it fails (the threshold is not a param of bench_run)
-check_acceptance(summary, snakemake.config["bench"]["min_acceptance_length"], snakemake.input.summary)
-out = snakemake.output
-plot(summary, out.per_position, out.vs_k, dpi=style["dpi"], title=style["title"])
-plots = {
-    "per-position acceptance": Path(out.per_position).name,
-    "acceptance length and speedup vs k": Path(out.vs_k).name,
-}
-write_text(out.report, render_report(summary, title=style["title"], plots=plots, digits=style["digits"]))
+    style = snakemake.params.style
+    summary = json.loads(Path(snakemake.input.summary).read_text())
+    # the quality gate reads the measurement, which stays when it fails (the threshold is not a param of bench_run)
+    check_acceptance(summary, snakemake.config["bench"]["min_acceptance_length"], snakemake.input.summary)
+    out = snakemake.output
+    plot(summary, out.per_position, out.vs_k, dpi=style["dpi"], title=style["title"])
+    plots = {
+        "per-position acceptance": Path(out.per_position).name,
+        "acceptance length and speedup vs k": Path(out.vs_k).name,
+    }
+    write_text(out.report, render_report(summary, title=style["title"], plots=plots, digits=style["digits"]))

@@ -6,60 +6,59 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
-    from draftpipe.runtime import engine_parallelism, start_job
+    from draftpipe.runtime import engine_parallelism, job
 
-    start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+    with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
+        import pandas as pd
 
-    import pandas as pd
+        from draftpipe.bench import benchmark
+        from draftpipe.chat import encode_prompt, planned_template, verifier_tokenizer
+        from draftpipe.engine import speculative_dtype
+        from draftpipe.io import atomic_path, read_jsonl, write_json
+        from draftpipe.prompts import load_prompts
 
-    from draftpipe.bench import benchmark
-    from draftpipe.chat import encode_prompt, planned_template, verifier_tokenizer
-    from draftpipe.engine import speculative_dtype
-    from draftpipe.io import atomic_path, read_jsonl, write_json
-    from draftpipe.prompts import load_prompts
-
-    p = snakemake.params
-    s = p.settings
-    tok = verifier_tokenizer(
-        p.verifier,
-        planned_template(snakemake.config["verifier"]["chat_template_file"], p.rendering["chat_template_sha256"]),
-    )
-    limit = p.max_model_len - s["max_tokens"]
-
-    def encode(records):
-        out = []
-        for r in records:
-            ids = encode_prompt(
-                tok, r["messages"], tools=r.get("tools"), template_kwargs=p.rendering["template_kwargs"]
-            )
-            if len(ids) <= limit:
-                out.append({"id": r["id"], "prompt_token_ids": ids})
-        return out[: s["max_prompts"]]
-
-    prompt_sets = {"eval": encode(read_jsonl(snakemake.input.eval))}
-    for src in s["prompt_sets"]:
-        records, _ = load_prompts([src], p.rendering["system_prompt"])
-        prompt_sets[src["name"]] = encode(records)
-    for name, prompts in prompt_sets.items():
-        print(f"prompt set {name}: {len(prompts)} prompts")
-    summary, table = benchmark(
-        p.verifier,
-        str(Path(snakemake.input.model).parent),
-        {k: v for k, v in prompt_sets.items() if v},
-        num_speculative_tokens=s["num_speculative_tokens"],
-        temperatures=s["temperatures"],
-        batch_sizes=s["batch_sizes"],
-        max_tokens=s["max_tokens"],
-        max_model_len=p.max_model_len,
-        dtype=speculative_dtype(p.dtype),
-        metrics_csv=snakemake.input.metrics,
-        engine=engine_parallelism(snakemake.resources.gpu),
-    )
-    with atomic_path(snakemake.output.per_prompt) as tmp:
-        pd.DataFrame(table).to_csv(tmp, index=False)
-    write_json(snakemake.output.summary, summary)
-    mismatches = [r for r in summary["results"] if r.get("identical") is False]
-    for r in mismatches:
-        print(
-            f"MISMATCH at temperature 0: {r['prompt_set']} k={r['num_speculative_tokens']}: {r['mismatched_prompts']}"
+        p = snakemake.params
+        s = p.settings
+        tok = verifier_tokenizer(
+            p.verifier,
+            planned_template(snakemake.config["verifier"]["chat_template_file"], p.rendering["chat_template_sha256"]),
         )
+        limit = p.max_model_len - s["max_tokens"]
+
+        def encode(records):
+            out = []
+            for r in records:
+                ids = encode_prompt(
+                    tok, r["messages"], tools=r.get("tools"), template_kwargs=p.rendering["template_kwargs"]
+                )
+                if len(ids) <= limit:
+                    out.append({"id": r["id"], "prompt_token_ids": ids})
+            return out[: s["max_prompts"]]
+
+        prompt_sets = {"eval": encode(read_jsonl(snakemake.input.eval))}
+        for src in s["prompt_sets"]:
+            records, _ = load_prompts([src], p.rendering["system_prompt"])
+            prompt_sets[src["name"]] = encode(records)
+        for name, prompts in prompt_sets.items():
+            print(f"prompt set {name}: {len(prompts)} prompts")
+        summary, table = benchmark(
+            p.verifier,
+            str(Path(snakemake.input.model).parent),
+            {k: v for k, v in prompt_sets.items() if v},
+            num_speculative_tokens=s["num_speculative_tokens"],
+            temperatures=s["temperatures"],
+            batch_sizes=s["batch_sizes"],
+            max_tokens=s["max_tokens"],
+            max_model_len=p.max_model_len,
+            dtype=speculative_dtype(p.dtype),
+            metrics_csv=snakemake.input.metrics,
+            engine=engine_parallelism(snakemake.resources.gpu),
+        )
+        with atomic_path(snakemake.output.per_prompt) as tmp:
+            pd.DataFrame(table).to_csv(tmp, index=False)
+        write_json(snakemake.output.summary, summary)
+        mismatches = [r for r in summary["results"] if r.get("identical") is False]
+        for r in mismatches:
+            print(
+                f"MISMATCH at temperature 0: {r['prompt_set']} k={r['num_speculative_tokens']}: {r['mismatched_prompts']}"
+            )

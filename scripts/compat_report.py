@@ -7,57 +7,58 @@ if __name__ == "__main__":
 
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
-    from draftpipe.runtime import start_job
+    from draftpipe.runtime import job
 
-    start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+    with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
+        from draftpipe.compat import add_live_findings, check, live_check, live_unsupported, render_markdown
+        from draftpipe.io import read_jsonl, write_json, write_text
 
-    from draftpipe.compat import add_live_findings, check, live_check, live_unsupported, render_markdown
-    from draftpipe.io import read_jsonl, write_json, write_text
+        p = snakemake.params
+        draft_dir = str(Path(snakemake.input.model).parent)
+        rep = check(draft_dir, p.verifier, expect=dict(p.expect))
+        unsupported = live_unsupported(p.verifier) if p.live and rep.ok else None
+        if unsupported:
+            rep.add(
+                "live.unsupported",
+                "warning",
+                "vLLM",
+                "the live check cannot run with this vLLM build",
+                "an engine with the draft",
+                unsupported,
+                "run the live check (or bench_run) on a GPU",
+            )
+            rep.live = {"skipped": unsupported}
+        elif p.live and rep.ok:
+            from draftpipe.chat import encode_prompt, planned_template, verifier_tokenizer
+            from draftpipe.engine import speculative_dtype
 
-    p = snakemake.params
-    draft_dir = str(Path(snakemake.input.model).parent)
-    rep = check(draft_dir, p.verifier, expect=dict(p.expect))
-    unsupported = live_unsupported(p.verifier) if p.live and rep.ok else None
-    if unsupported:
-        rep.add(
-            "live.unsupported",
-            "warning",
-            "vLLM",
-            "the live check cannot run with this vLLM build",
-            "an engine with the draft",
-            unsupported,
-            "run the live check (or bench_run) on a GPU",
-        )
-        rep.live = {"skipped": unsupported}
-    elif p.live and rep.ok:
-        from draftpipe.chat import encode_prompt, planned_template, verifier_tokenizer
-        from draftpipe.engine import speculative_dtype
-
-        tok = verifier_tokenizer(
-            p.verifier,
-            planned_template(snakemake.config["verifier"]["chat_template_file"], p.rendering["chat_template_sha256"]),
-        )
-        records = read_jsonl(snakemake.input.prompts)[: p.live_prompts]
-        ids = [
-            encode_prompt(tok, r["messages"], tools=r.get("tools"), template_kwargs=p.rendering["template_kwargs"])
-            for r in records
-        ]
-        add_live_findings(
-            rep,
-            live_check(
-                draft_dir,
+            tok = verifier_tokenizer(
                 p.verifier,
-                ids,
-                max_tokens=p.live_max_tokens,
-                max_model_len=p.max_model_len,
-                dtype=speculative_dtype(p.dtype),
-            ),
-        )
-    elif not p.live:
-        rep.live = {"skipped": "live check disabled (report.live_check) or vLLM not installed"}
-    md = render_markdown(rep)
-    print(md)
-    if not rep.ok:
-        sys.exit(f"compat_report: {len(rep.errors)} error(s); see the report above")
-    write_json(snakemake.output.json, rep.to_dict())
-    write_text(snakemake.output.md, md)
+                planned_template(
+                    snakemake.config["verifier"]["chat_template_file"], p.rendering["chat_template_sha256"]
+                ),
+            )
+            records = read_jsonl(snakemake.input.prompts)[: p.live_prompts]
+            ids = [
+                encode_prompt(tok, r["messages"], tools=r.get("tools"), template_kwargs=p.rendering["template_kwargs"])
+                for r in records
+            ]
+            add_live_findings(
+                rep,
+                live_check(
+                    draft_dir,
+                    p.verifier,
+                    ids,
+                    max_tokens=p.live_max_tokens,
+                    max_model_len=p.max_model_len,
+                    dtype=speculative_dtype(p.dtype),
+                ),
+            )
+        elif not p.live:
+            rep.live = {"skipped": "live check disabled (report.live_check) or vLLM not installed"}
+        md = render_markdown(rep)
+        print(md)
+        if not rep.ok:
+            sys.exit(f"compat_report: {len(rep.errors)} error(s); see the report above")
+        write_json(snakemake.output.json, rep.to_dict())
+        write_text(snakemake.output.md, md)

@@ -5,14 +5,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 
-from draftpipe.runtime import start_job
+from draftpipe.runtime import job
 
-start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
+    from draftpipe.completions import completion_stats
+    from draftpipe.io import iter_jsonl, write_json
 
-from draftpipe.completions import completion_stats
-from draftpipe.io import iter_jsonl, write_json
-
-# streamed: one row in memory at a time, whatever the size of the completions
-stats = completion_stats({str(path): (row for _, row in iter_jsonl(path)) for path in snakemake.input.completions})
-write_json(snakemake.output.stats, stats)
-print({k: v for k, v in stats.items() if k != "per_shard"})
+    # streamed: one row in memory at a time, whatever the size of the completions
+    stats = completion_stats({str(path): (row for _, row in iter_jsonl(path)) for path in snakemake.input.completions})
+    write_json(snakemake.output.stats, stats)
+    print({k: v for k, v in stats.items() if k != "per_shard"})

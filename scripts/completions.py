@@ -10,62 +10,61 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
-    from draftpipe.runtime import engine_parallelism, start_job
+    from draftpipe.runtime import engine_parallelism, job
 
-    start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+    with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
+        import draftpipe.completions as completions
+        from draftpipe.chat import planned_template
+        from draftpipe.engine import open_engine
+        from draftpipe.gates import check_truncated
+        from draftpipe.io import check_jsonl, read_jsonl, write_jsonl
+        from draftpipe.layout import store_dir
+        from draftpipe.stage import code_digest, run_stage, stage_settings, stage_tasks
 
-    import draftpipe.completions as completions
-    from draftpipe.chat import planned_template
-    from draftpipe.engine import open_engine
-    from draftpipe.gates import check_truncated
-    from draftpipe.io import check_jsonl, read_jsonl, write_jsonl
-    from draftpipe.layout import store_dir
-    from draftpipe.stage import code_digest, run_stage, stage_settings, stage_tasks
+        p = snakemake.params
+        s = p.sampling
+        template_file = planned_template(snakemake.config["verifier"]["chat_template_file"], p.chat_template_sha256)
 
-    p = snakemake.params
-    s = p.sampling
-    template_file = planned_template(snakemake.config["verifier"]["chat_template_file"], p.chat_template_sha256)
-
-    def compute(tasks):
-        llm = open_engine(
-            p.verifier,
-            dtype=p.dtype,
-            max_model_len=p.max_model_len,
-            seed=s["seed"],
-            engine=engine_parallelism(snakemake.resources.gpu),
-        )
-        for task in tasks:
-            rows, stats = completions.complete(
-                llm,
-                read_jsonl(task.inputs[0]),
-                verifier=p.verifier,
-                samples_per_prompt=s["samples_per_prompt"],
-                temperature=s["temperature"],
-                top_p=s["top_p"],
-                max_tokens=s["max_tokens"],
-                seed=s["seed"],
+        def compute(tasks):
+            llm = open_engine(
+                p.verifier,
+                dtype=p.dtype,
                 max_model_len=p.max_model_len,
-                too_long=s["too_long"],
-                chat_template=p.chat_template,
-                chat_template_file=template_file,
-                turns=s["turns"],
-                reasoning=s["reasoning"],
+                seed=s["seed"],
+                engine=engine_parallelism(snakemake.resources.gpu),
             )
-            write_jsonl(task.entry, rows)
-            print(f"shard {task.shard}: {stats}", flush=True)
+            for task in tasks:
+                rows, stats = completions.complete(
+                    llm,
+                    read_jsonl(task.inputs[0]),
+                    verifier=p.verifier,
+                    samples_per_prompt=s["samples_per_prompt"],
+                    temperature=s["temperature"],
+                    top_p=s["top_p"],
+                    max_tokens=s["max_tokens"],
+                    seed=s["seed"],
+                    max_model_len=p.max_model_len,
+                    too_long=s["too_long"],
+                    chat_template=p.chat_template,
+                    chat_template_file=template_file,
+                    turns=s["turns"],
+                    reasoning=s["reasoning"],
+                )
+                write_jsonl(task.entry, rows)
+                print(f"shard {task.shard}: {stats}", flush=True)
 
-    own, shards = stage_tasks(snakemake, ["prompts"])
-    store = store_dir(snakemake.output[0], "completions")
-    run_stage(
-        own,
-        shards,
-        store,
-        ".jsonl",
-        stage_settings(snakemake),
-        code_digest([Path(snakemake.scriptdir) / "completions.py"]),
-        compute,
-        share=snakemake.config["resources"]["completions"]["share_engine"],
-        check=check_jsonl,
-    )
-    # the quality gate runs on the stored shard: failing it loses nothing (see draftpipe/gates.py)
-    check_truncated(read_jsonl(own.output), snakemake.config["completions"]["max_truncated_fraction"], own.output)
+        own, shards = stage_tasks(snakemake, ["prompts"])
+        store = store_dir(snakemake.output[0], "completions")
+        run_stage(
+            own,
+            shards,
+            store,
+            ".jsonl",
+            stage_settings(snakemake),
+            code_digest([Path(snakemake.scriptdir) / "completions.py"]),
+            compute,
+            share=snakemake.config["resources"]["completions"]["share_engine"],
+            check=check_jsonl,
+        )
+        # the quality gate runs on the stored shard: failing it loses nothing (see draftpipe/gates.py)
+        check_truncated(read_jsonl(own.output), snakemake.config["completions"]["max_truncated_fraction"], own.output)

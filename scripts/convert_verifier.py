@@ -5,21 +5,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (snakemake is injected)
 
-from draftpipe.runtime import start_job
+from draftpipe.runtime import job
 
-start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
+    from draftpipe.io import remove_interrupted_writes
+    from draftpipe.verifier import convert_gguf
 
-from draftpipe.io import remove_interrupted_writes
-from draftpipe.verifier import convert_gguf
+    out_dir = Path(snakemake.output.config).parent
+    for left in remove_interrupted_writes([out_dir]):  # a build directory of a killed conversion
+        print(f"removed {left} (left by an interrupted conversion)", flush=True)
 
-out_dir = Path(snakemake.output.config).parent
-for left in remove_interrupted_writes([out_dir]):  # a build directory of a killed conversion
-    print(f"removed {left} (left by an interrupted conversion)", flush=True)
-
-summary = convert_gguf(
-    snakemake.input.gguf,
-    str(out_dir),
-    head_dim=snakemake.params.head_dim,
-    max_position_embeddings=snakemake.params.max_position_embeddings,
-)
-print(summary)
+    summary = convert_gguf(
+        snakemake.input.gguf,
+        str(out_dir),
+        head_dim=snakemake.params.head_dim,
+        max_position_embeddings=snakemake.params.max_position_embeddings,
+    )
+    print(summary)

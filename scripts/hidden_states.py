@@ -11,83 +11,82 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
-    from draftpipe.runtime import engine_parallelism, start_job
+    from draftpipe.runtime import engine_parallelism, job
 
-    start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+    with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
+        import shutil
 
-    import shutil
+        import torch
 
-    import torch
+        import draftpipe.extract as ex
+        import draftpipe.hidden_states as hs
+        from draftpipe.chat import common_template, row_templates
+        from draftpipe.gates import check_empty_masks
+        from draftpipe.io import read_jsonl
+        from draftpipe.layout import store_dir
+        from draftpipe.stage import code_digest, run_stage, stage_settings, stage_tasks
 
-    import draftpipe.extract as ex
-    import draftpipe.hidden_states as hs
-    from draftpipe.chat import common_template, row_templates
-    from draftpipe.gates import check_empty_masks
-    from draftpipe.io import read_jsonl
-    from draftpipe.layout import store_dir
-    from draftpipe.stage import code_digest, run_stage, stage_settings, stage_tasks
+        p = snakemake.params
+        store = store_dir(snakemake.output[0], "hidden_states")
 
-    p = snakemake.params
-    store = store_dir(snakemake.output[0], "hidden_states")
-
-    def compute(tasks):
-        requests = ex.request_dir(store)  # under the stage lock
-        llm = ex.open_extractor(
-            p.verifier,
-            layer_ids=ex.engine_layer_ids(p.aux_layer_ids, p.num_layers),
-            dtype=p.model_dtype,
-            max_len=p.max_len,
-            seed=0,
-            request_dir=requests,
-            engine=engine_parallelism(snakemake.resources.gpu),
-        )
-        dtype = getattr(torch, p.dtype)
-        # rows of two chat templates fail before any shard is computed (one streaming pass, a hash per row)
-        template = common_template(row_templates([task.inputs[0] for task in tasks]))
-        for task in tasks:
-            samples = ex.build_samples(
-                llm,
-                read_jsonl(task.inputs[0]),
-                aux_ids=p.aux_layer_ids,
-                num_layers=p.num_layers,
+        def compute(tasks):
+            requests = ex.request_dir(store)  # under the stage lock
+            llm = ex.open_extractor(
+                p.verifier,
+                layer_ids=ex.engine_layer_ids(p.aux_layer_ids, p.num_layers),
+                dtype=p.model_dtype,
                 max_len=p.max_len,
-                dtype=dtype,
+                seed=0,
                 request_dir=requests,
-                batch_tokens=snakemake.config["resources"]["hidden_states"]["batch_tokens"],
+                engine=engine_parallelism(snakemake.resources.gpu),
             )
-            hs.write_shard(
-                str(task.entry),
-                samples,
-                {
-                    "aux_layer_ids": list(p.aux_layer_ids),
-                    "num_layers": p.num_layers,
-                    "hidden_size": p.hidden_size,
-                    "dtype": p.dtype,
-                    "verifier": p.verifier_id,
-                    "chat_template_sha256": template,
-                },
-            )
-            print(
-                f"shard {task.shard}: {len(samples)} samples, "
-                f"{sum(int(s['input_ids'].numel()) for s in samples)} tokens",
-                flush=True,
-            )
-        shutil.rmtree(requests, ignore_errors=True)
+            dtype = getattr(torch, p.dtype)
+            # rows of two chat templates fail before any shard is computed (one streaming pass, a hash per row)
+            template = common_template(row_templates([task.inputs[0] for task in tasks]))
+            for task in tasks:
+                samples = ex.build_samples(
+                    llm,
+                    read_jsonl(task.inputs[0]),
+                    aux_ids=p.aux_layer_ids,
+                    num_layers=p.num_layers,
+                    max_len=p.max_len,
+                    dtype=dtype,
+                    request_dir=requests,
+                    batch_tokens=snakemake.config["resources"]["hidden_states"]["batch_tokens"],
+                )
+                hs.write_shard(
+                    str(task.entry),
+                    samples,
+                    {
+                        "aux_layer_ids": list(p.aux_layer_ids),
+                        "num_layers": p.num_layers,
+                        "hidden_size": p.hidden_size,
+                        "dtype": p.dtype,
+                        "verifier": p.verifier_id,
+                        "chat_template_sha256": template,
+                    },
+                )
+                print(
+                    f"shard {task.shard}: {len(samples)} samples, "
+                    f"{sum(int(s['input_ids'].numel()) for s in samples)} tokens",
+                    flush=True,
+                )
+            shutil.rmtree(requests, ignore_errors=True)
 
-    own, shards = stage_tasks(snakemake, ["completions"])
-    code = code_digest([Path(snakemake.scriptdir) / "hidden_states.py"])
-    run_stage(
-        own,
-        shards,
-        store,
-        ".safetensors",
-        stage_settings(snakemake),
-        code,
-        compute,
-        share=snakemake.config["resources"]["hidden_states"]["share_engine"],
-        check=hs.check_shard_header,
-    )
-    # the quality gate runs on the stored shard: failing it loses nothing (see draftpipe/gates.py)
-    check_empty_masks(
-        hs.loss_mask_sums(own.output), snakemake.config["hidden_states"]["max_empty_mask_fraction"], own.output
-    )
+        own, shards = stage_tasks(snakemake, ["completions"])
+        code = code_digest([Path(snakemake.scriptdir) / "hidden_states.py"])
+        run_stage(
+            own,
+            shards,
+            store,
+            ".safetensors",
+            stage_settings(snakemake),
+            code,
+            compute,
+            share=snakemake.config["resources"]["hidden_states"]["share_engine"],
+            check=hs.check_shard_header,
+        )
+        # the quality gate runs on the stored shard: failing it loses nothing (see draftpipe/gates.py)
+        check_empty_masks(
+            hs.loss_mask_sums(own.output), snakemake.config["hidden_states"]["max_empty_mask_fraction"], own.output
+        )

@@ -6,21 +6,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 
-from draftpipe.runtime import start_job
+from draftpipe.runtime import job
 
-start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
+    from draftpipe.io import read_jsonl, write_json
+    from draftpipe.prompts import load_prompts
 
-from draftpipe.io import read_jsonl, write_json
-from draftpipe.prompts import load_prompts
-
-records, stats = load_prompts(snakemake.params.sources, snakemake.params.system_prompt)
-parts = {Path(path).stem: len(read_jsonl(path)) for path in snakemake.input.parts}
-train = {k: v for k, v in parts.items() if k.startswith("train_")}
-summary = {
-    **asdict(stats),
-    "train": sum(train.values()),
-    "eval": parts["eval"],
-    "train_per_shard": [train[k] for k in sorted(train)],
-}
-write_json(snakemake.output.stats, summary)
-print(summary)
+    records, stats = load_prompts(snakemake.params.sources, snakemake.params.system_prompt)
+    parts = {Path(path).stem: len(read_jsonl(path)) for path in snakemake.input.parts}
+    train = {k: v for k, v in parts.items() if k.startswith("train_")}
+    summary = {
+        **asdict(stats),
+        "train": sum(train.values()),
+        "eval": parts["eval"],
+        "train_per_shard": [train[k] for k in sorted(train)],
+    }
+    write_json(snakemake.output.stats, summary)
+    print(summary)

@@ -5,24 +5,23 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 
-from draftpipe.runtime import start_job
+from draftpipe.runtime import job
 
-start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
+    from draftpipe.fingerprint import prompt_part
+    from draftpipe.io import write_jsonl
 
-from draftpipe.fingerprint import prompt_part
-from draftpipe.io import write_jsonl
-
-p = snakemake.params
-# The source paths are not params: what the part holds is tracked by its fingerprint, so moving or touching a
-# source reruns nothing. prompt_part checks that the records still match the fingerprint the job was planned with.
-records = prompt_part(
-    snakemake.config["prompts"]["sources"],
-    p.eval_fraction,
-    p.num_shards,
-    p.split_seed,
-    snakemake.wildcards.part,
-    p.fingerprint,
-    snakemake.config["prompts"]["system_prompt"],
-)
-write_jsonl(snakemake.output[0], records)
-print(f"{snakemake.wildcards.part}: {len(records)} prompts, fingerprint {p.fingerprint[:16]}")
+    p = snakemake.params
+    # The source paths are not params: what the part holds is tracked by its fingerprint, so moving or touching a
+    # source reruns nothing. prompt_part checks that the records still match the fingerprint the job was planned with.
+    records = prompt_part(
+        snakemake.config["prompts"]["sources"],
+        p.eval_fraction,
+        p.num_shards,
+        p.split_seed,
+        snakemake.wildcards.part,
+        p.fingerprint,
+        snakemake.config["prompts"]["system_prompt"],
+    )
+    write_jsonl(snakemake.output[0], records)
+    print(f"{snakemake.wildcards.part}: {len(records)} prompts, fingerprint {p.fingerprint[:16]}")

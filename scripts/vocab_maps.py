@@ -5,34 +5,33 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 
-from draftpipe.runtime import start_job
+from draftpipe.runtime import job
 
-start_job(snakemake)  # ML environment, log, this job's GPUs and threads
+with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
+    import torch
+    from transformers import AutoTokenizer
 
-import torch
-from transformers import AutoTokenizer
+    from draftpipe.hidden_states import sequence_and_mask
+    from draftpipe.io import atomic_path, read_jsonl
+    from draftpipe.vocab import build_maps, check_maps, count_tokens, frequency_table, write_maps
 
-from draftpipe.hidden_states import sequence_and_mask
-from draftpipe.io import atomic_path, read_jsonl
-from draftpipe.vocab import build_maps, check_maps, count_tokens, frequency_table, write_maps
+    p = snakemake.params
 
-p = snakemake.params
+    def samples():
+        for path in snakemake.input.completions:
+            for row in read_jsonl(path):
+                ids, mask = sequence_and_mask(row, p.max_len)
+                yield {"input_ids": torch.tensor(ids, dtype=torch.long), "loss_mask": torch.tensor(mask)}
 
-
-def samples():
-    for path in snakemake.input.completions:
-        for row in read_jsonl(path):
-            ids, mask = sequence_and_mask(row, p.max_len)
-            yield {"input_ids": torch.tensor(ids, dtype=torch.long), "loss_mask": torch.tensor(mask)}
-
-
-counts = count_tokens(samples(), p.vocab_size)
-d2t, t2d = build_maps(counts, p.draft_vocab_size)
-if d2t is not None:
-    check_maps(d2t, t2d, p.vocab_size)
-tokenizer = AutoTokenizer.from_pretrained(p.verifier)
-table = frequency_table(counts, t2d, tokenizer)
-with atomic_path(snakemake.output.freq) as tmp:
-    table.to_csv(tmp, index=False)
-write_maps(snakemake.output.maps, d2t, t2d, p.vocab_size, p.draft_vocab_size)
-print(f"{int(counts.sum())} loss-masked tokens, {int((counts > 0).sum())} distinct, draft vocab {p.draft_vocab_size}")
+    counts = count_tokens(samples(), p.vocab_size)
+    d2t, t2d = build_maps(counts, p.draft_vocab_size)
+    if d2t is not None:
+        check_maps(d2t, t2d, p.vocab_size)
+    tokenizer = AutoTokenizer.from_pretrained(p.verifier)
+    table = frequency_table(counts, t2d, tokenizer)
+    with atomic_path(snakemake.output.freq) as tmp:
+        table.to_csv(tmp, index=False)
+    write_maps(snakemake.output.maps, d2t, t2d, p.vocab_size, p.draft_vocab_size)
+    print(
+        f"{int(counts.sum())} loss-masked tokens, {int((counts > 0).sum())} distinct, draft vocab {p.draft_vocab_size}"
+    )

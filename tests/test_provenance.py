@@ -336,23 +336,23 @@ import os, pickle, sys
 sys.path.insert(0, {repo!r})
 with open(sys.argv[2], "rb") as fh:
     snakemake = pickle.load(fh)
-from draftpipe.runtime import start_job
-start_job(snakemake)
-from draftpipe.io import write_text
-write_text(snakemake.output.out, "payload\\n")
-mode = sys.argv[1]
-if mode == "raise":
-    raise RuntimeError("boom")
-if mode == "exit":
-    sys.exit("compat_report: 1 error(s)")
-if mode == "systemexit":
-    raise SystemExit(3)
-if mode == "fork":
-    pid = os.fork()
-    if pid:  # the parent leaves without exit handlers; the child runs to the end of the script
-        os.waitpid(pid, 0)
-        os._exit(0)
-print("done")
+from draftpipe.runtime import job
+with job(snakemake):
+    from draftpipe.io import write_text
+    write_text(snakemake.output.out, "payload\\n")
+    mode = sys.argv[1]
+    if mode == "raise":
+        raise RuntimeError("boom")
+    if mode == "exit":
+        sys.exit("compat_report: 1 error(s)")
+    if mode == "systemexit":
+        raise SystemExit(3)
+    if mode == "fork":
+        pid = os.fork()
+        if pid:  # the parent leaves without exit handlers; the child runs to the end of the block
+            os.waitpid(pid, 0)
+            os._exit(0)
+    print("done")
 """
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from conftest import REPO
 
-WORKFLOW_FILES = ("Snakefile", "config.yaml", "rules", "scripts", "profiles", "configs", "draftpipe")
+WORKFLOW_FILES = ("Snakefile", "config.yaml", "rules", "scripts", "profiles", "configs", "draftpipe", "envs")
 
 
 def copy_workflow(dest: Path) -> Path:
