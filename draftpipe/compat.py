@@ -20,6 +20,7 @@ give the header length, then a JSON header); only ``d2t`` and ``t2d`` (a few hun
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1251,6 +1252,8 @@ def render_markdown(rep: Report) -> str:
         lines += ["## Live check in vLLM", ""]
         if lv.get("skipped"):
             lines.append(f"Skipped: {lv['skipped']}")
+        elif lv.get("error"):
+            lines += ["vLLM failed; its whole error output:", "", "```", lv["error"], "```"]
         else:
             lines += [
                 f"- greedy output identical to the verifier alone: {'yes' if lv.get('identical') else 'NO'}",
@@ -1281,8 +1284,12 @@ def live_check(
     dtype: str = "float32",
 ) -> dict:
     """Load the draft with the verifier in vLLM, generate at temperature 0 with and without it, and return
-    identity and acceptance (see :func:`draftpipe.spec_decode.compare`). Runs the engines in a subprocess, since
-    vLLM's CPU engine spawns workers."""
+    identity and acceptance (see :func:`draftpipe.spec_decode.compare`). Runs ``python -m draftpipe.spec_decode``
+    in a subprocess, since vLLM's CPU engine spawns workers.
+
+    Returns:
+        The comparison, or ``{"error": <the command's whole stderr>}`` when it fails.
+    """
     import os
     import subprocess
     import sys
@@ -1292,22 +1299,16 @@ def live_check(
         prompts = Path(tmp) / "prompts.json"
         prompts.write_text(json.dumps(prompt_token_ids))
         out = Path(tmp) / "out.json"
-        code = (
-            "import json,sys\nfrom draftpipe.spec_decode import compare\n"
-            "if __name__ == '__main__':\n"
-            f"    r = compare({verifier_dir!r}, {draft_dir!r}, json.load(open({str(prompts)!r})), "
-            f"max_tokens={max_tokens}, max_model_len={max_model_len}, dtype={dtype!r})\n"
-            f"    json.dump(r, open({str(out)!r}, 'w'))\n"
-        )
-        script = Path(tmp) / "live.py"
-        script.write_text(code)
+        cmd = [sys.executable, "-m", "draftpipe.spec_decode", "--verifier", verifier_dir, "--draft", draft_dir]
+        cmd += ["--prompt-ids", str(prompts), "--out", str(out), "--max-tokens", str(max_tokens)]
+        cmd += ["--max-model-len", str(max_model_len), "--dtype", dtype, "--num-speculative-tokens", "3"]
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
         }
-        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
-            return {"error": proc.stderr[-2000:]}
+            return {"error": proc.stderr.strip()}
         return json.loads(out.read_text())
 
 
@@ -1338,6 +1339,19 @@ def live_unsupported(verifier_dir: str) -> str | None:
     )
 
 
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)(: |$)")
+
+
+def last_error_line(text: str) -> str:
+    """The exception line of a Python error output (the last ``SomeError: message`` line, whole), else its last
+    non-empty line."""
+    lines = [line.rstrip() for line in text.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if _EXCEPTION_LINE.match(line.strip()):
+            return line.strip()
+    return lines[-1].strip() if lines else ""
+
+
 def add_live_findings(rep: Report, live: dict) -> None:
     """Turn a live-check result into findings: an engine failure, a changed output or no acceptance is an error."""
     rep.live = live
@@ -1346,10 +1360,10 @@ def add_live_findings(rep: Report, live: dict) -> None:
             "live.load",
             "error",
             "vLLM",
-            "vLLM failed to load or run the draft with the verifier",
+            f"vLLM failed to load or run the draft with the verifier: {last_error_line(live['error'])}",
             "runs",
-            live["error"][-300:],
-            "see the error; the static findings above usually explain it",
+            "fails",
+            "see vLLM's whole error under 'Live check in vLLM' below; the static findings above usually explain it",
         )
         return
     if not live.get("identical"):

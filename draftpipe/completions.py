@@ -26,12 +26,14 @@ from draftpipe.chat import (  # noqa: F401  (encode_prompt and the errors are pa
     verifier_tokenizer,
 )
 from draftpipe.engine import engine_kwargs, is_cpu_build, open_engine  # noqa: F401
+from draftpipe.prompts import record_where
 
 TOO_LONG_POLICIES = ("drop", "truncate", "error")
 
 
 class PromptTooLongError(ValueError):
-    """A prompt leaves no room for a new token and ``completions.too_long`` is ``error``; names the prompt id."""
+    """A prompt leaves no room for a new token and ``completions.too_long`` is ``error``; names the prompt's file,
+    line and id."""
 
 
 def fit_prompt(
@@ -53,7 +55,7 @@ def fit_prompt(
         ids: the prompt's token ids (:func:`encode_prompt`).
         max_model_len: the engine's context in tokens (``verifier.max_model_len``).
         policy: one of :data:`TOO_LONG_POLICIES`.
-        where: the prompt id, for the error message.
+        where: the prompt, for the error message (:func:`draftpipe.prompts.record_where`: file, line and id).
         reserve: room left for new tokens by ``truncate`` (``1 <= reserve < max_model_len``).
 
     Returns:
@@ -121,7 +123,7 @@ def prepare_prompts(
     kept, dropped, truncated, flattened = [], 0, 0, 0
     for rec in records:
         ids = encode_prompt(tokenizer, rec["messages"])
-        fitted = fit_prompt(ids, max_model_len, too_long, rec["id"], reserve=reserve)
+        fitted = fit_prompt(ids, max_model_len, too_long, record_where(rec), reserve=reserve)
         if fitted is None:
             dropped += 1
             continue
@@ -137,6 +139,54 @@ def prepare_prompts(
         "truncated_too_long": truncated,
         "last_user_turn_only": flattened,
     }
+    return kept, stats
+
+
+def fit_prompts(
+    encoded: list[tuple[dict, list[int]]], *, max_model_len: int, room: int, too_long: str, stage: str
+) -> tuple[list[tuple[dict, list[int]]], dict]:
+    """``completions.too_long`` for the stages that send already encoded prompts to vLLM to generate ``room`` new
+    tokens (the compatibility report's live check, the benchmark): the same policy as the completions, counted.
+
+    A prompt fits when ``len(ids) + room <= max_model_len``; vLLM refuses a prompt that leaves no room. Otherwise
+    ``drop`` leaves it out, ``truncate`` keeps its first ``max_model_len - room`` tokens, ``error`` raises.
+
+    Args:
+        encoded: ``(record, prompt ids)`` per prompt, in order.
+        max_model_len: the engine's context in tokens (``verifier.max_model_len``).
+        room: the new tokens each prompt needs (``1 <= room < max_model_len``).
+        too_long: one of :data:`TOO_LONG_POLICIES`.
+        stage: named in the error (``"the live check"``).
+
+    Returns:
+        ``(kept, stats)``: ``kept`` the ``(record, ids)`` sent, in order; ``stats`` counts ``prompts``, ``kept``,
+        ``dropped_too_long`` and ``truncated_too_long``.
+
+    Raises:
+        PromptTooLongError: ``too_long`` is ``error`` and a prompt does not fit (naming its file, line and id).
+        ValueError: unknown policy, or ``room`` outside ``[1, max_model_len - 1]``.
+    """
+    if too_long not in TOO_LONG_POLICIES:
+        raise ValueError(f"completions.too_long: unknown policy {too_long!r} (use drop, truncate or error)")
+    if not 1 <= room < max_model_len:
+        raise ValueError(f"room must be in [1, {max_model_len - 1}] for max_model_len {max_model_len}, got {room}")
+    limit = max_model_len - room
+    kept, dropped, truncated = [], 0, 0
+    for rec, ids in encoded:
+        if len(ids) <= limit:
+            kept.append((rec, list(ids)))
+        elif too_long == "drop":
+            dropped += 1
+        elif too_long == "truncate":
+            kept.append((rec, list(ids[:limit])))
+            truncated += 1
+        else:
+            raise PromptTooLongError(
+                f"completions.too_long: prompt {record_where(rec)} has {len(ids)} tokens, which leaves no room for "
+                f"the {room} new token(s) of {stage} in verifier.max_model_len={max_model_len} (set "
+                "completions.too_long to drop or truncate to go on)"
+            )
+    stats = {"prompts": len(encoded), "kept": len(kept), "dropped_too_long": dropped, "truncated_too_long": truncated}
     return kept, stats
 
 
@@ -466,7 +516,7 @@ def complete_conversations(
             if len(ids) > max_model_len - 1:
                 if too_long == "error":
                     raise PromptTooLongError(
-                        f"completions.too_long: prompt {b['rec']['id']} (turn {len(b['turns']) + 1}) has {len(ids)} "
+                        f"completions.too_long: prompt {record_where(b['rec'])} (turn {len(b['turns']) + 1}) has {len(ids)} "
                         f"tokens, which leaves no room for a new token in verifier.max_model_len={max_model_len} "
                         "(set completions.too_long to drop or truncate to go on)"
                     )

@@ -125,6 +125,108 @@ def verifier_shape(resolved: dict) -> dict:
     }
 
 
+#: Config keys vLLM derives a model's context from, the smallest present one winning
+#: (vllm/transformers_utils/model_arch_config_convertor.py, ``derive_max_model_len_and_key``, vLLM 0.32).
+CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+#: RoPE types whose ``factor`` vLLM does not apply to the context again (``_get_and_verify_max_len``).
+_UNSCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def served_context(cfg: dict) -> tuple[int | None, str | None]:
+    """The longest ``max_model_len`` vLLM serves a verifier with, from its (text) ``config.json``, and the key it
+    comes from: the smallest of :data:`CONTEXT_KEYS`, times the RoPE ``factor`` of a RoPE type vLLM scales by
+    (``rope_parameters`` or ``rope_scaling``), or the config's ``model_max_length`` where larger. The rule of
+    vLLM 0.32's ``_get_and_verify_max_len`` (vllm/config/model.py), which refuses a longer ``max_model_len``.
+
+    Returns:
+        ``(tokens, key)``, or ``(None, None)`` when the config names no context (vLLM then takes any length).
+    """
+    found = [(cfg[k], k) for k in CONTEXT_KEYS if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool)]
+    if not found:
+        return None, None
+    tokens, key = min(found)
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    if isinstance(rope, dict):
+        params = (
+            [rope] if ("rope_type" in rope or "type" in rope) else [v for v in rope.values() if isinstance(v, dict)]
+        )
+        factor = 1.0
+        for rp in params:
+            if rp.get("rope_type", rp.get("type", "default")) not in _UNSCALED_ROPE:
+                factor = rp.get("factor", factor) or 1.0
+        tokens = int(tokens * factor)
+    longest = cfg.get("model_max_length")
+    if isinstance(longest, int) and longest > tokens:
+        return longest, "model_max_length"
+    return tokens, key
+
+
+def check_against_verifier(config: dict, resolved: dict) -> None:
+    """Check the values a job of vLLM or of training would refuse minutes in, when the workflow is read.
+
+    - ``verifier.max_model_len`` against the verifier's context (:func:`served_context`; for a GGUF, the
+      ``verifier.gguf_max_position_embeddings`` its conversion writes).
+    - ``draft.head_dim`` is even: rotary embeddings rotate pairs of dimensions.
+    - ``resources.<stage>.gpus`` of the stages that run vLLM with tensor parallelism (completions, hidden_states,
+      bench_run) divides the verifier's attention heads (vllm/config/model.py ``verify_with_parallel_config``),
+      and its KV heads divide or are divided by it (vLLM's ``QKVParallelLinear``; not for MLA verifiers, which
+      have no KV heads to split).
+
+    Raises:
+        ConfigError: naming the key, the value and the verifier's field it contradicts.
+    """
+    head_dim = (config.get("draft") or {}).get("head_dim")
+    if head_dim is not None and head_dim % 2:
+        raise ConfigError(
+            f"draft.head_dim: {head_dim} is odd; rotary position embeddings rotate pairs of dimensions, so the "
+            "draft's head_dim must be even (null = the verifier's)"
+        )
+    v = config["verifier"]
+    if resolved["kind"] == "gguf":
+        ctx = v.get("gguf_max_position_embeddings")
+        cfg, where = None, "verifier.gguf_max_position_embeddings"
+        key = "max_position_embeddings"
+    else:
+        cfg = load_verifier_config(resolved.get("config_path") or resolved["path"], text=True)
+        ctx, key = served_context(cfg)
+        where = f"{key} in its config.json"
+    if ctx is not None and (v.get("max_model_len") or 0) > ctx:
+        raise ConfigError(
+            f"verifier.max_model_len: {v['max_model_len']} exceeds the {ctx} tokens the verifier serves ({where}); "
+            f"vLLM refuses a longer one: set verifier.max_model_len to at most {ctx}"
+        )
+    if cfg is None:
+        return
+    heads = cfg.get("num_attention_heads")
+    kv = None if cfg.get("kv_lora_rank") else cfg.get("num_key_value_heads", heads)
+    for stage in ("completions", "hidden_states", "bench_run"):
+        tp = ((config.get("resources") or {}).get(stage) or {}).get("gpus") or 0
+        if tp <= 1 or not isinstance(heads, int):
+            continue
+        if heads % tp:
+            fits = [n for n in range(1, heads + 1) if heads % n == 0 and n <= 64]
+            raise ConfigError(
+                f"resources.{stage}.gpus: {tp} GPUs (vLLM's tensor parallel size) do not divide the verifier's "
+                f"{heads} attention heads (num_attention_heads in its config.json); use one of "
+                f"{', '.join(map(str, fits))}"
+            )
+        if isinstance(kv, int) and kv > 0 and (tp % kv if tp >= kv else kv % tp):
+            raise ConfigError(
+                f"resources.{stage}.gpus: {tp} GPUs (vLLM's tensor parallel size) and the verifier's {kv} KV heads "
+                "(num_key_value_heads in its config.json): one must divide the other"
+            )
+
+
 #: Files of a Hugging Face model directory that shape what the verifier generates and how its text is tokenized.
 IDENTITY_FILES = (
     "config.json",
@@ -216,10 +318,10 @@ def check_config(config: dict, resolved: dict) -> dict[str, Any]:
     """Check values against the verifier and the file system; return derived values (aux ids, shape).
 
     Checked: every ``prompts.sources[i].path``, ``bench.prompt_sets[i].path`` and ``verifier.chat_template_file``
-    is a file (the template may also name a template of the package),
+    is a file (the template may also name a template of the package), no source is listed twice with the same field,
     ``hidden_states.aux_layer_ids`` fit the verifier's depth, ``vocab.draft_vocab_size`` does not exceed the
     verifier's vocabulary, the draft's training ranks divide ``draft.batches_per_step`` and are no more per node than
-    the job's GPUs.
+    the job's GPUs, and what :func:`check_against_verifier` checks (context, head_dim, tensor parallel size).
 
     Raises:
         ConfigError: naming the key of the first wrong value.
@@ -238,9 +340,21 @@ def check_config(config: dict, resolved: dict) -> dict[str, Any]:
             "(resources.draft.nodes x resources.draft.ranks, or one per GPU of resources.draft.gpus): "
             "each step's packed batches are shared by the ranks"
         )
+    seen: dict[tuple, int] = {}
     for i, src in enumerate(config["prompts"]["sources"]):
+        if Path(src["path"]).is_dir():
+            raise ConfigError(
+                f"prompts.sources[{i}].path: {src['path']} is a directory, not a file: list each of its files as a "
+                "source"
+            )
         if not Path(src["path"]).is_file():
             raise ConfigError(f"prompts.sources[{i}].path: {src['path']} does not exist")
+        same = seen.setdefault((str(Path(src["path"]).resolve()), src.get("field")), i)
+        if same != i:
+            raise ConfigError(
+                f"prompts.sources[{i}]: {src['path']} is listed twice (also prompts.sources[{same}]), with the same "
+                "field; list each source once"
+            )
     template = (config.get("verifier") or {}).get("chat_template_file")
     if template is not None:
         if template not in PACKAGE_TEMPLATES and not Path(template).is_file():
@@ -258,6 +372,7 @@ def check_config(config: dict, resolved: dict) -> dict[str, Any]:
     except ValueError as exc:
         msg = str(exc)
         raise ConfigError(msg if msg.startswith(f"{field}: ") else f"{field}: {msg}") from exc
+    check_against_verifier(config, resolved)
     vd = config["vocab"].get("draft_vocab_size") or shape["vocab_size"]
     if vd > shape["vocab_size"]:
         raise ConfigError(f"vocab.draft_vocab_size: {vd} exceeds the verifier's vocabulary of {shape['vocab_size']}")

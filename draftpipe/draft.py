@@ -56,7 +56,8 @@ STATE_FORMAT = "draftpipe.draft_training_state.v1"
 
 @dataclass
 class DraftSettings:
-    """Every knob that shapes the draft checkpoint (all reach the rule through ``params:``).
+    """Every knob of the ``draft`` section: the ones that shape the checkpoint reach the rule through ``params:``;
+    the quality gate ``min_train_samples`` does not (it is read from the config, and changing it retrains nothing).
 
     The defaults are the schema's (``draft`` in ``draftpipe/config.schema.yaml``, which fills them into the
     workflow's config); ``tests/test_settings.py`` holds the two together."""
@@ -79,6 +80,8 @@ class DraftSettings:
     #: packed batches of ``total_seq_len`` tokens per optimizer step (the global batch; the ranks share them, so
     #: their number must divide it): see :mod:`draftpipe.ranks`
     batches_per_step: int = 1
+    #: quality gate (:func:`draftpipe.gates.check_train_samples`), not a param
+    min_train_samples: int = 1
     extra: dict = field(default_factory=dict)
 
 

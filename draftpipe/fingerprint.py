@@ -39,9 +39,9 @@ def records_digest(records: Iterable[dict]) -> str:
 def _parts(
     sources: list[dict], eval_fraction: float, num_shards: int, split_seed: int, system_prompt: str | None = None
 ):
-    """``(training shards, eval records)``: what the `prompt_shard` jobs write (read, normalise, split)."""
-    records, _ = load_prompts(sources, system_prompt)
-    return split_and_shard(records, eval_fraction, num_shards, split_seed)
+    """``(training shards, eval records, stats)``: what the `prompt_shard` jobs write (read, normalise, split)."""
+    records, stats = load_prompts(sources, system_prompt)
+    return (*split_and_shard(records, eval_fraction, num_shards, split_seed), stats)
 
 
 def prompt_fingerprints(
@@ -55,18 +55,34 @@ def prompt_fingerprints(
         system_prompt: ``prompts.system_prompt`` (part of every record without a system turn, so of the digests).
 
     Returns:
-        ``{"train": [digest per shard], "eval": digest, "prompts": number of records kept}``.
+        ``{"train": [digest per shard], "eval": digest, "prompts": number of records kept, "train_prompts":
+        number kept for training}``.
 
     Raises:
         FileNotFoundError, draftpipe.prompts.PromptFormatError: a source is missing or malformed (the message names
             the file and line), exactly as the `prompt_set` job would fail.
+        NoTrainingPromptsError (a ValueError): the training shards would hold no prompt; the message gives the
+            counts of what was read and dropped.
     """
-    shards, evals = _parts(sources, eval_fraction, num_shards, split_seed, system_prompt)
+    shards, evals, stats = _parts(sources, eval_fraction, num_shards, split_seed, system_prompt)
+    train = sum(map(len, shards))
+    if train == 0:
+        first = f" (the first at {stats.empty_at[0]})" if stats.empty_at else ""
+        raise NoTrainingPromptsError(
+            f"prompts.sources: no prompt to train on: {stats.read} record(s) read from {len(sources)} source(s), {stats.empty} without "
+            f"a prompt to answer{first}, {stats.duplicates} duplicate(s), {stats.kept} kept, {len(evals)} of them "
+            "in the eval split (prompts.eval_fraction); a record needs a user turn, or text under its field"
+        )
     return {
         "train": [records_digest(s) for s in shards],
         "eval": records_digest(evals),
-        "prompts": sum(map(len, shards)) + len(evals),
+        "prompts": train + len(evals),
+        "train_prompts": train,
     }
+
+
+class NoTrainingPromptsError(ValueError):
+    """The prompt sources leave no prompt for the training shards."""
 
 
 class StaleFingerprintError(RuntimeError):
@@ -97,7 +113,7 @@ def prompt_part(
         StaleFingerprintError: the records no longer match ``fingerprint`` (a source changed after the workflow
             was parsed); rerun Snakemake.
     """
-    shards, evals = _parts(sources, eval_fraction, num_shards, split_seed, system_prompt)
+    shards, evals, _ = _parts(sources, eval_fraction, num_shards, split_seed, system_prompt)
     if part == "eval":
         out = evals
     elif part.startswith("train_") and part[6:].isdigit() and int(part[6:]) < num_shards:

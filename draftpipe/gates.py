@@ -83,6 +83,32 @@ def check_empty_masks(mask_sums: list[int], max_fraction: float, artifact: str) 
     )
 
 
+def check_train_samples(mask_sums: list[int], min_samples: int, shards: list[str]) -> int:
+    """Gate ``draft.min_train_samples``: the draft job trains only on at least that many samples with a token to
+    learn (loss mask not all 0), so an empty training set stops the build instead of exporting random weights.
+
+    Args:
+        mask_sums: per sample of every shard, the number of tokens with loss mask 1.
+        min_samples: the floor (at least 1).
+        shards: the hidden-state shards read, for the message.
+
+    Returns:
+        The number of samples with a token to learn.
+
+    Raises:
+        QualityGateError: fewer than ``min_samples`` such samples.
+    """
+    trainable = sum(1 for n in mask_sums if n > 0)
+    if trainable < max(1, min_samples):
+        raise QualityGateError(
+            f"draft: {trainable} of {len(mask_sums)} training samples have a token to learn in {len(shards)} "
+            f"hidden-state shard(s) ({', '.join(shards[:3])}{', ...' if len(shards) > 3 else ''}), below "
+            f"draft.min_train_samples={min_samples}; results/prompts/stats.json and results/completions/stats.json "
+            "say what was dropped"
+        )
+    return trainable
+
+
 def check_finite_loss(loss: float, epoch: int, step: int, batch: int) -> None:
     """Gate of draft training: a loss that is NaN or infinite stops training before the optimizer applies it.
 

@@ -61,13 +61,16 @@ def kv_cache_bytes_per_token(verifier_config: dict, dtype_bytes: int = 2, tensor
     return layers * 2 * per_gpu_heads * head_dim * dtype_bytes
 
 
-def plan(config: dict, shape: dict, verifier_config: dict | None = None) -> dict:
+def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: dict | None = None) -> dict:
     """Upper-bound sizes of the build for ``config`` against a verifier of ``shape``.
 
     Args:
         config: the validated config.
         shape: ``num_hidden_layers``, ``vocab_size`` and ``hidden_size`` of the verifier.
         verifier_config: the verifier's ``config.json``, when known, for the KV cache per token.
+        kept: the prompt set as split (:func:`draftpipe.fingerprint.prompt_fingerprints`: ``prompts`` and
+            ``train_prompts``, after empty records and duplicates are dropped); without it the sources' records
+            are counted and ``prompts.eval_fraction`` taken off.
 
     Returns:
         ``prompts``, ``train_samples``, ``tokens_per_sample``, ``train_tokens``, ``hidden_state_bytes``,
@@ -84,9 +87,12 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None) -> dict
         n, b = count_source(src["path"])
         records += n
         chars += b
-    train_prompts = records * (1.0 - config["prompts"]["eval_fraction"])
-    samples = int(round(train_prompts * config["completions"]["samples_per_prompt"]))
     prompt_tokens = (chars / records / CHARS_PER_TOKEN) if records else 0.0
+    if kept is not None:
+        records, train_prompts = kept["prompts"], kept["train_prompts"]
+    else:
+        train_prompts = records * (1.0 - config["prompts"]["eval_fraction"])
+    samples = int(round(train_prompts * config["completions"]["samples_per_prompt"]))
     per_sample = min(config["verifier"]["max_model_len"], int(prompt_tokens + config["completions"]["max_tokens"]))
     tokens = samples * per_sample
     aux = config["hidden_states"].get("aux_layer_ids") or [0, 0, 0]

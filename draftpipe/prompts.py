@@ -73,6 +73,7 @@ ROLE_ALIASES = {
     "bot": "assistant",
     "model": "assistant",
     "system": "system",
+    "developer": "system",  # OpenAI's name for the system turn of its newer models
     "tool": "tool",
     "observation": "tool",
     "function": "tool",
@@ -269,15 +270,25 @@ def iter_source_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
     ``.jsonl`` and ``.json`` yield the line a record starts on; ``.parquet`` yields the row number.
 
     Raises:
-        FileNotFoundError: the file does not exist.
-        PromptFormatError: a line is not valid JSON or not UTF-8 (naming file and line), a ``.json`` file is not
+        FileNotFoundError: the file does not exist. IsADirectoryError: it is a directory.
+        PromptFormatError: gzip data in a file not named ``.gz``, a line is not valid JSON or not UTF-8 (naming
+            file and line), a ``.json`` file is not
             an array, a ``.gz`` file is truncated or corrupt, a parquet file cannot be read, or the suffix is not
             one of ``.jsonl``, ``.json``, ``.parquet`` (optionally followed by ``.gz``).
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"prompt source {path} is a directory, not a file: list each of its files as a source")
     if not path.is_file():
         raise FileNotFoundError(f"prompt source {path} does not exist")
     suffix = _base_suffix(path)
+    if path.suffix != ".gz" and suffix in (".jsonl", ".json"):
+        with open(path, "rb") as fh:
+            if fh.read(2) == b"\x1f\x8b":
+                raise PromptFormatError(
+                    f"{path}: gzip-compressed data in a file not named .gz; rename it {path.name}.gz (it is then "
+                    "decompressed) or decompress it"
+                )
     if suffix == ".jsonl":
         yield from _iter_jsonl(path)
     elif suffix == ".json":
@@ -295,6 +306,14 @@ def source_location(path: str | Path, number: int) -> str:
     """How messages name record ``number`` of a source: ``file:line``, or ``file: row N`` for parquet."""
     path = Path(path)
     return f"{path}: row {number}" if _base_suffix(path) == ".parquet" else f"{path}:{number}"
+
+
+def record_where(record: dict) -> str:
+    """How messages name a prompt record: ``file:line (id <id>)`` (:func:`source_location`) when it carries its
+    ``source`` and ``line``, as :func:`load_prompts` records do, else its ``id``."""
+    if record.get("source") and record.get("line"):
+        return f"{source_location(record['source'], record['line'])} (id {record.get('id')})"
+    return str(record.get("id"))
 
 
 def _to_python(value: Any) -> Any:

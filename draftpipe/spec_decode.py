@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+from pathlib import Path
 from typing import Any
 
 from draftpipe.chat import encode_prompt
@@ -125,10 +126,15 @@ def compare(verifier: str, draft: str, prompt_token_ids: list[list[int]], **kw) 
 
 
 def main(argv: list[str] | None = None) -> None:
+    """CLI (``draftpipe-spec-decode``): :func:`compare` on prompt records (``--prompts``, encoded with the
+    verifier's tokenizer) or on token ids (``--prompt-ids``, a JSON list of lists, as the compatibility report's live
+    check sends them); writes the result to ``--out`` as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--verifier", required=True)
     parser.add_argument("--draft", required=True)
-    parser.add_argument("--prompts", required=True, help="prompt records (JSONL, as in results/prompts/eval.jsonl)")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--prompts", help="prompt records (JSONL, as in results/prompts/eval.jsonl)")
+    given.add_argument("--prompt-ids", help="prompts as token ids (a JSON list of lists of ints)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-model-len", type=int, default=512)
@@ -136,10 +142,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args(argv)
 
-    from transformers import AutoTokenizer
+    if args.prompt_ids:
+        prompts = json.loads(Path(args.prompt_ids).read_text())
+    else:
+        from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(args.verifier)
-    prompts = [encode_prompt(tok, r["messages"]) for r in read_jsonl(args.prompts)]
+        tok = AutoTokenizer.from_pretrained(args.verifier)
+        prompts = [encode_prompt(tok, r["messages"]) for r in read_jsonl(args.prompts)]
     result = compare(
         args.verifier,
         args.draft,

@@ -29,13 +29,14 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftpipe.io import sha256_file
+from draftpipe.io import cached_sha256s, sha256_file
 from draftpipe.layout import STORE  # noqa: F401  (the store directory of every stage)
 from draftpipe.provenance import jsonable
 
@@ -73,13 +74,15 @@ def code_digest(paths: list[str | os.PathLike]) -> str:
     return h.hexdigest()
 
 
-def content_key(inputs: list[str], settings: Any, code: str) -> str:
-    """The content key of one shard.
+def content_key(inputs: list[str], settings: Any, code: str, cache_file: str | os.PathLike | None = None) -> str:
+    """The content key of one shard (or of a job's result, :func:`run_stored`).
 
     Args:
         inputs: the shard's input files (hashed by content).
         settings: JSON-serialisable params of the job without the shard's own wildcard.
         code: :func:`code_digest` of the stage's code.
+        cache_file: remember the inputs' digests there (:func:`draftpipe.io.cached_sha256s`: each file version is
+            read once); None reads them every time.
 
     Returns:
         64-character hex SHA-256.
@@ -87,7 +90,8 @@ def content_key(inputs: list[str], settings: Any, code: str) -> str:
     Raises:
         FileNotFoundError: an input is missing.
     """
-    doc = {"inputs": [sha256_file(p) for p in inputs], "settings": settings, "code": code}
+    digests = cached_sha256s(inputs, cache_file) if cache_file else [sha256_file(p) for p in inputs]
+    doc = {"inputs": digests, "settings": settings, "code": code}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -113,8 +117,6 @@ def link_output(entry: Path, output: str) -> None:
     try:
         os.link(entry, tmp)
     except OSError:
-        import shutil
-
         shutil.copyfile(entry, tmp)
     os.replace(tmp, out)
 
@@ -197,6 +199,65 @@ def run_stage(
         link_output(own.entry, own.output)
         collect_garbage(store, own)
     return {"computed": [t.shard for t in todo], "loads": 1 if todo else 0, "linked": str(own.entry)}
+
+
+def run_stored(
+    store: Path, key: str, outputs: list[str], build: Callable[[list[str]], None], *, what: str = "result"
+) -> bool:
+    """A job of several outputs (the draft's model, config and metrics) through the stage store: one entry per
+    content key, so a finished result survives a failed rebuild and comes back when the config does.
+
+    Snakemake removes a job's outputs before the job runs, and a failed job leaves none: a rebuild that fails
+    would otherwise lose the last good result. The entry ``<store>/<key[:32]>/`` holds the outputs (by file
+    name); each declared output is a hard link to its file there. Under the stage lock: a complete entry is
+    linked without calling ``build``; otherwise ``build`` writes the outputs to a temporary directory of the store,
+    which is renamed to the entry when ``build`` returns (an exception leaves no entry and removes the temporary
+    directory; a killed job's is removed by the next run). After linking, entries none of whose files any output links are
+    removed, so the store holds the current result and, after a failed rebuild, the last good one.
+
+    Args:
+        store: the stage's store directory (``results/.store/<stage>``).
+        key: the content key of what the job tracks (:func:`content_key`).
+        outputs: the job's declared output paths (distinct file names).
+        build: called with the paths to write instead of ``outputs``, in the same order.
+        what: named in the log lines.
+
+    Returns:
+        True when ``build`` ran, False when the entry was found.
+
+    Raises:
+        ValueError: two outputs share a file name.
+    """
+    names = [Path(o).name for o in outputs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"outputs must have distinct file names: {outputs}")
+    entry = store / key[:32]
+    with stage_lock(store):
+        for tmp in store.glob(".*.tmp-*"):  # under the lock nothing writes here: a killed job's
+            shutil.rmtree(tmp, ignore_errors=True)
+        built = not (entry.is_dir() and all((entry / n).is_file() for n in names))
+        if built:
+            tmp = store / f".{entry.name}.tmp-{os.getpid()}"
+            tmp.mkdir(parents=True)
+            try:
+                build([str(tmp / n) for n in names])
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            missing = [n for n in names if not (tmp / n).is_file()]
+            if missing:
+                raise FileNotFoundError(f"{what}: not written: {', '.join(missing)}")
+            shutil.rmtree(entry, ignore_errors=True)  # an incomplete entry of the same key
+            os.replace(tmp, entry)
+        else:
+            print(f"{what}: found in the store ({entry.name}), not computed again", flush=True)
+        for name, output in zip(names, outputs):
+            link_output(entry / name, output)
+        for other in store.iterdir():
+            if other.is_dir() and other != entry and not other.name.startswith("."):
+                if all(f.stat().st_nlink == 1 for f in other.iterdir() if f.is_file()):
+                    shutil.rmtree(other, ignore_errors=True)
+    return built
 
 
 def stage_tasks(smk: Any, input_names: list[str]) -> tuple[ShardTask, list[ShardTask]]:

@@ -32,6 +32,7 @@ rule bench_run:
         max_model_len=config["verifier"]["max_model_len"],
         dtype=config["verifier"]["dtype"],
         rendering=RENDERING,
+        too_long=config["completions"]["too_long"],  # the length policy of every stage that prompts the verifier
     log:
         "results/logs/bench_run.log",
     benchmark:

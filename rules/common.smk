@@ -6,7 +6,7 @@ import sys
 
 from draftpipe.plan import DiskSpaceError, check_disk, format_plan, plan
 from draftpipe.chat import template_kwargs, template_sha256
-from draftpipe.fingerprint import prompt_fingerprints
+from draftpipe.fingerprint import NoTrainingPromptsError, prompt_fingerprints
 from draftpipe.hidden_states import check_shards_cached
 from draftpipe.layout import SHARD_HEADER_CACHE
 from draftpipe.provenance import quarantine
@@ -82,6 +82,8 @@ def prompts_fp():
             config["prompts"]["split_seed"],
             config["prompts"]["system_prompt"],
         )
+    except NoTrainingPromptsError as exc:
+        raise WorkflowError(f"config error: {exc}")
     except (OSError, ValueError) as exc:
         raise WorkflowError(f"prompt source error: {exc}")
 
@@ -165,7 +167,7 @@ if workflow.is_main_process:
             _verifier_config = json.load(_fh)
     else:
         _verifier_config = load_verifier_config(VERIFIER["path"])
-    PLAN = plan(config, {**DERIVED, "hidden_size": DERIVED["hidden_size"]}, _verifier_config)
+    PLAN = plan(config, {**DERIVED, "hidden_size": DERIVED["hidden_size"]}, _verifier_config, prompts_fp())
     print(format_plan(PLAN), file=sys.stderr)
 
 

@@ -23,6 +23,7 @@ rule compat_report:
         rendering=RENDERING,
         live_prompts=config["report"]["live_prompts"],
         live_max_tokens=config["report"]["live_max_tokens"],
+        too_long=config["completions"]["too_long"],  # the length policy of every stage that prompts the verifier
         max_model_len=config["verifier"]["max_model_len"],
         dtype=config["verifier"]["dtype"],
     log:

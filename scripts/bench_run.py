@@ -13,6 +13,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
         from draftpipe.bench import benchmark
         from draftpipe.chat import encode_prompt, planned_template, verifier_tokenizer
+        from draftpipe.completions import fit_prompts
         from draftpipe.engine import speculative_dtype
         from draftpipe.io import atomic_path, read_jsonl, write_json
         from draftpipe.prompts import load_prompts
@@ -23,22 +24,32 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
             p.verifier,
             planned_template(snakemake.config["verifier"]["chat_template_file"], p.rendering["chat_template_sha256"]),
         )
-        limit = p.max_model_len - s["max_tokens"]
 
-        def encode(records):
-            out = []
-            for r in records:
-                ids = encode_prompt(
-                    tok, r["messages"], tools=r.get("tools"), template_kwargs=p.rendering["template_kwargs"]
+        def encode(records, name):
+            encoded = [
+                (
+                    r,
+                    encode_prompt(
+                        tok, r["messages"], tools=r.get("tools"), template_kwargs=p.rendering["template_kwargs"]
+                    ),
                 )
-                if len(ids) <= limit:
-                    out.append({"id": r["id"], "prompt_token_ids": ids})
-            return out[: s["max_prompts"]]
+                for r in records
+            ]
+            # completions.too_long, as for the completions; each prompt keeps room for the whole max_tokens
+            fitted, counts = fit_prompts(
+                encoded,
+                max_model_len=p.max_model_len,
+                room=min(s["max_tokens"], p.max_model_len - 1),
+                too_long=p.too_long,
+                stage="the benchmark",
+            )
+            print(f"prompt set {name}: {counts}")
+            return [{"id": r["id"], "prompt_token_ids": ids} for r, ids in fitted][: s["max_prompts"]]
 
-        prompt_sets = {"eval": encode(read_jsonl(snakemake.input.eval))}
+        prompt_sets = {"eval": encode(read_jsonl(snakemake.input.eval), "eval")}
         for src in s["prompt_sets"]:
             records, _ = load_prompts([src], p.rendering["system_prompt"])
-            prompt_sets[src["name"]] = encode(records)
+            prompt_sets[src["name"]] = encode(records, src["name"])
         for name, prompts in prompt_sets.items():
             print(f"prompt set {name}: {len(prompts)} prompts")
         summary, table = benchmark(

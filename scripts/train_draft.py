@@ -1,7 +1,5 @@
 """Rule `draft`: train the EAGLE-3 draft with speculators and export it in the format vLLM loads."""
 
-import hashlib
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -12,51 +10,63 @@ from draftpipe.runtime import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
     from draftpipe.draft import export_draft, metrics_frame, settings_from_params, train_draft  # noqa: E402
+    from draftpipe.gates import check_train_samples  # noqa: E402
+    from draftpipe.hidden_states import loss_mask_sums  # noqa: E402
     from draftpipe.integrity import require_sound_shards  # noqa: E402
     from draftpipe.io import atomic_path  # noqa: E402
-    from draftpipe.layout import SHARD_VALUE_CACHE, results_dir_of  # noqa: E402
+    from draftpipe.layout import DIGEST_CACHE, SHARD_VALUE_CACHE, results_dir_of, store_dir  # noqa: E402
     from draftpipe.ranks import draft_ranks  # noqa: E402
+    from draftpipe.stage import code_digest, content_key, run_stored, stage_settings  # noqa: E402
 
     p = snakemake.params
     # never train on a damaged shard: it is quarantined (with its store entry) and the job fails naming it
     require_sound_shards(list(snakemake.input.shards), results_dir_of(snakemake.output.model), SHARD_VALUE_CACHE)
     settings = settings_from_params(dict(p.draft))
-    # Training state is keyed by everything that shapes it, so a rerun after a crash resumes, and a changed
-    # knob or input starts afresh.
-    key = json.dumps(
-        {
-            "params": dict(p.draft),
-            "aux": list(p.aux_layer_ids),
-            "verifier": p.verifier_id,
-            "inputs": [(f, Path(f).stat().st_size, Path(f).stat().st_mtime_ns) for f in snakemake.input.shards]
-            + [(snakemake.input.vocab, Path(snakemake.input.vocab).stat().st_mtime_ns)],
-        },
-        sort_keys=True,
-    )
-    work = Path(snakemake.output.model).parent / ".train" / hashlib.sha256(key.encode()).hexdigest()[:16]
-    job = snakemake.config["resources"]["draft"]  # not params: they shape nothing
-    checkpoint, rows = train_draft(
-        p.verifier,
+    # an empty training set (no usable prompt, every answer dropped) stops here, not after exporting random weights
+    check_train_samples(
+        [n for shard in snakemake.input.shards for n in loss_mask_sums(shard)],
+        snakemake.config["draft"]["min_train_samples"],
         list(snakemake.input.shards),
-        snakemake.input.vocab,
-        str(work),
-        settings,
-        checkpoints_per_epoch=job["checkpoints_per_epoch"],
-        ranks=draft_ranks(job),
-        threads=snakemake.threads,
-        fsdp=job["fsdp"],
-        nodes=job["nodes"],
     )
-    with atomic_path(snakemake.output.metrics) as tmp:
-        metrics_frame(rows).to_csv(tmp, index=False)
-    export_draft(
-        checkpoint,
-        snakemake.output.model,
-        snakemake.output.config,
-        list(p.aux_layer_ids),
-        str(Path(p.verifier).resolve()) if Path(p.verifier).exists() else p.verifier,
+    # What the job tracks (inputs by content, params, script) keys both the finished draft in the stage store and
+    # the training state, so a rerun after a crash resumes, a changed knob or input starts afresh, and a rebuild that
+    # fails (Snakemake has removed the outputs) loses nothing: the config that built the draft links it back.
+    stored = content_key(
+        [str(f) for f in snakemake.input],
+        stage_settings(snakemake),
+        code_digest([Path(snakemake.scriptdir) / "train_draft.py"]),
+        DIGEST_CACHE,
     )
-    print(metrics_frame(rows).to_string())
+    work = Path(snakemake.output.model).parent / ".train" / stored[:16]
+    res = snakemake.config["resources"]["draft"]  # not params: they shape nothing
+    outputs = [snakemake.output.model, snakemake.output.config, snakemake.output.metrics]
+
+    def build(paths):
+        model, config, metrics = paths
+        checkpoint, rows = train_draft(
+            p.verifier,
+            list(snakemake.input.shards),
+            snakemake.input.vocab,
+            str(work),
+            settings,
+            checkpoints_per_epoch=res["checkpoints_per_epoch"],
+            ranks=draft_ranks(res),
+            threads=snakemake.threads,
+            fsdp=res["fsdp"],
+            nodes=res["nodes"],
+        )
+        with atomic_path(metrics) as tmp:
+            metrics_frame(rows).to_csv(tmp, index=False)
+        export_draft(
+            checkpoint,
+            model,
+            config,
+            list(p.aux_layer_ids),
+            str(Path(p.verifier).resolve()) if Path(p.verifier).exists() else p.verifier,
+        )
+        print(metrics_frame(rows).to_string())
+
+    run_stored(store_dir(snakemake.output.model, "draft"), stored, outputs, build, what="draft")
     # The draft is exported: its training state goes (a full-precision copy of the draft and its optimizer, tens of GB for
     # a large verifier), so a forced rerun, or one after draftpipe's code changed, trains afresh instead of exporting it.
     shutil.rmtree(work, ignore_errors=True)

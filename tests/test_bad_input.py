@@ -32,7 +32,7 @@ from draftpipe.io import write_jsonl
 from draftpipe.prompts import PromptFormatError, load_prompts, normalise_record
 from draftpipe.verifier import VerifierNotFoundError, resolve_verifier
 
-ROLES = "assistant, bot, function, function_call, gpt, human, ipython, model, observation, prompter, system, tool, user"
+ROLES = "assistant, bot, developer, function, function_call, gpt, human, ipython, model, observation, prompter, system, tool, user"
 SHAPES = "'messages', 'conversations', 'turns', 'prompt'"
 TRUNCATED_GZIP = "Compressed file ended before the end-of-stream marker was reached"
 
@@ -581,6 +581,19 @@ CONFIG_ERRORS = [
     ),
     pytest.param(
         "prompts.sources",
+        [{"path": str(TINYSTORIES.parent)}],
+        f"prompts.sources[0].path: {TINYSTORIES.parent} is a directory, not a file: list each of its files as a source",
+        id="prompt-source-is-a-directory",
+    ),
+    pytest.param(
+        "prompts.sources",
+        [{"path": str(TINYSTORIES)}, {"path": str(TINYSTORIES), "field": "prompt"}, {"path": str(TINYSTORIES)}],
+        f"prompts.sources[2]: {TINYSTORIES} is listed twice (also prompts.sources[0]), with the same field; list each "
+        "source once",
+        id="prompt-source-twice",
+    ),
+    pytest.param(
+        "prompts.sources",
         [{"path": str(TINYSTORIES)}, {"path": "data/missing.json"}],
         "prompts.sources[1].path: data/missing.json does not exist",
         id="missing-second-prompt-file",
@@ -664,6 +677,111 @@ def test_draft_rank_errors(fake_verifier, draft, job, expected):
     assert raised(ConfigError, check_config, cfg, fake_verifier) == expected
     ok = {**base_config(), "draft": {"batches_per_step": 8}, "resources": {"draft": {"gpus": 4, "nodes": 2}}}
     assert check_config(ok, fake_verifier)["aux_layer_ids"] == [1, 2, 4]
+
+
+LLAMA = {"num_hidden_layers": 5, "vocab_size": 512, "hidden_size": 64, "num_attention_heads": 8}
+VERIFIER_LIMITS = [  # the verifier's config.json fields, the key, its value, the message
+    pytest.param(
+        {"max_position_embeddings": 512},
+        "verifier.max_model_len",
+        4096,
+        "verifier.max_model_len: 4096 exceeds the 512 tokens the verifier serves (max_position_embeddings in its "
+        "config.json); vLLM refuses a longer one: set verifier.max_model_len to at most 512",
+        id="context",
+    ),
+    pytest.param(
+        {"max_position_embeddings": 4096, "seq_length": 2048, "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+        "verifier.max_model_len",
+        16384,
+        "verifier.max_model_len: 16384 exceeds the 8192 tokens the verifier serves (seq_length in its config.json); "
+        "vLLM refuses a longer one: set verifier.max_model_len to at most 8192",
+        id="context-smallest-key-times-rope-factor",
+    ),
+    pytest.param(
+        {"max_position_embeddings": 4096, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}},
+        "verifier.max_model_len",
+        8192,
+        "verifier.max_model_len: 8192 exceeds the 4096 tokens the verifier serves (max_position_embeddings in its "
+        "config.json); vLLM refuses a longer one: set verifier.max_model_len to at most 4096",
+        id="context-yarn-already-scaled",
+    ),
+    pytest.param(
+        {},
+        "draft.head_dim",
+        7,
+        "draft.head_dim: 7 is odd; rotary position embeddings rotate pairs of dimensions, so the draft's head_dim "
+        "must be even (null = the verifier's)",
+        id="odd-head-dim",
+    ),
+    pytest.param(
+        {"num_key_value_heads": 4},
+        "resources.hidden_states.gpus",
+        3,
+        "resources.hidden_states.gpus: 3 GPUs (vLLM's tensor parallel size) do not divide the verifier's 8 "
+        "attention heads (num_attention_heads in its config.json); use one of 1, 2, 4, 8",
+        id="tp-heads",
+    ),
+    pytest.param(
+        {"num_attention_heads": 12, "num_key_value_heads": 4},
+        "resources.completions.gpus",
+        6,
+        "resources.completions.gpus: 6 GPUs (vLLM's tensor parallel size) and the verifier's 4 KV heads "
+        "(num_key_value_heads in its config.json): one must divide the other",
+        id="tp-kv-heads",
+    ),
+]
+
+
+def _verifier_dir(tmp_path, fields: dict) -> dict:
+    d = tmp_path / "limits"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({**LLAMA, **fields}))
+    return {"kind": "local", "path": str(d)}
+
+
+@pytest.mark.parametrize("fields,key,value,expected", VERIFIER_LIMITS)
+def test_values_the_verifier_refuses_fail_when_the_workflow_is_read(tmp_path, fields, key, value, expected):
+    verifier = _verifier_dir(tmp_path, fields)
+    cfg = _set_path(base_config(), "verifier.max_model_len", 512)
+    assert check_config(copy.deepcopy(cfg), verifier)["num_hidden_layers"] == 5  # passes without the value
+    assert raised(ConfigError, check_config, _set_path(cfg, key, value), verifier) == expected
+
+
+def _set_path(cfg: dict, dotted: str, value) -> dict:
+    node = cfg
+    *parents, last = dotted.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value
+    return cfg
+
+
+def test_values_within_the_verifier_s_limits_pass(tmp_path):
+    verifier = _verifier_dir(
+        tmp_path,
+        {"max_position_embeddings": 512, "model_max_length": 1024, "num_key_value_heads": 4, "kv_lora_rank": None},
+    )
+    cfg = _set_path(base_config(), "verifier.max_model_len", 1024)  # model_max_length allows it, as in vLLM
+    _set_path(cfg, "draft.head_dim", 16)
+    for stage, gpus in (("completions", 8), ("hidden_states", 4), ("bench_run", 2)):
+        _set_path(cfg, f"resources.{stage}.gpus", gpus)
+    assert check_config(cfg, verifier)["aux_layer_ids"] == [1, 2, 4]
+    # an MLA verifier (DeepSeek-V3) has no KV heads to split: only its attention heads count
+    mla = _verifier_dir(tmp_path / "mla", {"num_attention_heads": 12, "num_key_value_heads": 4, "kv_lora_rank": 32})
+    assert check_config(_set_path(base_config(), "resources.hidden_states.gpus", 6), mla)["num_hidden_layers"] == 5
+
+
+def test_the_embedded_gguf_s_context_is_its_conversion_setting():
+    from conftest import GGUF
+
+    cfg = _set_path(base_config(), "verifier.max_model_len", 1024)
+    cfg["verifier"]["gguf_max_position_embeddings"] = 512
+    assert raised(ConfigError, check_config, cfg, {"kind": "gguf", "path": str(GGUF)}) == (
+        "verifier.max_model_len: 1024 exceeds the 512 tokens the verifier serves "
+        "(verifier.gguf_max_position_embeddings); vLLM refuses a longer one: set verifier.max_model_len to at most 512"
+    )
+    cfg["verifier"]["max_model_len"] = 512
+    assert check_config(cfg, {"kind": "gguf", "path": str(GGUF)})["num_hidden_layers"] == 5
 
 
 def test_good_config_passes_check(fake_verifier):
@@ -944,6 +1062,11 @@ def test_prepare_prompts_counts_too_long_and_multi_turn(tokenizer):
         f"completions.too_long: prompt long has {len(long_ids)} tokens, which leaves no room for a new token in "
         "verifier.max_model_len=64 (set completions.too_long to drop or truncate to go on)"
     )
+    # a record read from a source is named by its file and line
+    records[1].update(source="data/stories.jsonl", line=7)
+    assert raised(
+        PromptTooLongError, prepare_prompts, records, tokenizer, max_model_len=64, max_tokens=8, too_long="error"
+    ).startswith("completions.too_long: prompt data/stories.jsonl:7 (id long) has ")
     assert raised(ValueError, prepare_prompts, [], tokenizer, max_model_len=64, max_tokens=8, too_long="cut") == (
         "completions.too_long: unknown policy 'cut' (use drop, truncate or error)"
     )
@@ -957,3 +1080,112 @@ def test_unquoted_reasoning_off_means_off(shipped_config):
     assert cfg["completions"]["reasoning"] is False  # YAML 1.1
     validate_config(cfg)
     assert cfg["completions"]["reasoning"] == "off"
+
+
+# ------------------------------------------------------------------------------------ an empty training set
+
+
+def test_a_prompt_set_with_nothing_to_train_on_fails_when_the_workflow_is_read(tmp_path):
+    from draftpipe.fingerprint import NoTrainingPromptsError, prompt_fingerprints
+
+    source = tmp_path / "system_only.jsonl"
+    source.write_text(
+        json.dumps({"messages": [{"role": "system", "content": "You are kind."}]})
+        + "\n"
+        + json.dumps({"messages": [{"role": "system", "content": "You are kind."}]})
+        + "\n"
+    )
+    assert raised(NoTrainingPromptsError, prompt_fingerprints, [{"path": str(source)}], 0.25, 2, 0) == (
+        f"prompts.sources: no prompt to train on: 2 record(s) read from 1 source(s), 2 without a prompt to answer "
+        f"(the first at {source}:1), 0 duplicate(s), 0 kept, 0 of them in the eval split (prompts.eval_fraction); "
+        "a record needs a user turn, or text under its field"
+    )
+    # one prompt, but in the eval split: still nothing to train on
+    source.write_text(json.dumps({"prompt": "Once upon a time"}) + "\n")
+    assert raised(NoTrainingPromptsError, prompt_fingerprints, [{"path": str(source)}], 0.99, 2, 0).endswith(
+        "0 without a prompt to answer, 0 duplicate(s), 1 kept, 1 of them in the eval split (prompts.eval_fraction); "
+        "a record needs a user turn, or text under its field"
+    )
+    fp = prompt_fingerprints([{"path": str(source)}], 0.0, 2, 0)
+    assert (fp["prompts"], fp["train_prompts"], len(fp["train"])) == (1, 1, 2)
+
+
+def test_the_draft_job_trains_only_above_the_floor():
+    from draftpipe.gates import QualityGateError, check_train_samples
+
+    shards = [f"results/hidden_states/train_{i:05d}.safetensors" for i in range(4)]
+    assert raised(QualityGateError, check_train_samples, [0, 0, 0], 1, shards) == (
+        "draft: 0 of 3 training samples have a token to learn in 4 hidden-state shard(s) "
+        "(results/hidden_states/train_00000.safetensors, results/hidden_states/train_00001.safetensors, "
+        "results/hidden_states/train_00002.safetensors, ...), below draft.min_train_samples=1; "
+        "results/prompts/stats.json and results/completions/stats.json say what was dropped"
+    )
+    assert raised(QualityGateError, check_train_samples, [], 1, shards[:1]).startswith(
+        "draft: 0 of 0 training samples have a token to learn in 1 hidden-state shard(s) "
+        "(results/hidden_states/train_00000.safetensors), below"
+    )
+    assert check_train_samples([5, 0, 7], 2, shards) == 2
+    with pytest.raises(QualityGateError, match="below draft.min_train_samples=3"):
+        check_train_samples([5, 0, 7], 3, shards)
+
+
+def test_a_gzip_file_without_gz_in_its_name_is_named_so(tmp_path):
+    source = tmp_path / "prompts.jsonl"
+    source.write_bytes(gzip.compress(jsonl({"prompt": "Once upon a time"})))
+    assert raised(PromptFormatError, load_prompts, [{"path": str(source)}]) == (
+        f"{source}: gzip-compressed data in a file not named .gz; rename it prompts.jsonl.gz (it is then "
+        "decompressed) or decompress it"
+    )
+    renamed = source.rename(tmp_path / "prompts.jsonl.gz")
+    records, _ = load_prompts([{"path": str(renamed)}])
+    assert [r["messages"] for r in records] == [[{"role": "user", "content": "Once upon a time"}]]
+    assert raised(IsADirectoryError, load_prompts, [{"path": str(tmp_path)}]) == (
+        f"prompt source {tmp_path} is a directory, not a file: list each of its files as a source"
+    )
+
+
+def test_the_developer_role_is_the_system_turn():
+    record = {"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}
+    assert normalise_record(record, "f.jsonl:1") == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ]
+
+
+def test_the_live_check_and_the_benchmark_apply_the_completions_length_policy():
+    from draftpipe.completions import fit_prompts
+
+    rows = [
+        ({"id": "a", "source": "p.jsonl", "line": 1}, [1] * 10),
+        ({"id": "b", "source": "p.jsonl", "line": 2}, [2] * 30),
+    ]
+    kept, stats = fit_prompts(rows, max_model_len=40, room=16, too_long="drop", stage="the live check")
+    assert [r["id"] for r, _ in kept] == ["a"]
+    assert stats == {"prompts": 2, "kept": 1, "dropped_too_long": 1, "truncated_too_long": 0}
+    kept, stats = fit_prompts(rows, max_model_len=40, room=16, too_long="truncate", stage="the live check")
+    assert [len(ids) for _, ids in kept] == [10, 24] and stats["truncated_too_long"] == 1
+    assert raised(
+        PromptTooLongError, fit_prompts, rows, max_model_len=40, room=16, too_long="error", stage="the benchmark"
+    ) == (
+        "completions.too_long: prompt p.jsonl:2 (id b) has 30 tokens, which leaves no room for the 16 new token(s) "
+        "of the benchmark in verifier.max_model_len=40 (set completions.too_long to drop or truncate to go on)"
+    )
+
+
+def test_a_failed_live_check_reports_vllm_s_error_whole():
+    from draftpipe.compat import Report, add_live_findings, render_markdown
+
+    error = (
+        'Traceback (most recent call last):\n  File "x.py", line 3, in <module>\n    raise e\n'
+        "vllm.exceptions.VLLMValidationError: The decoder prompt (length 600) is longer than the maximum model "
+        "length of 512. Make sure that `max_model_len` is no smaller than the number of text tokens.\n"
+    )
+    rep = Report(draft="results/draft", verifier="results/verifier")
+    add_live_findings(rep, {"error": error})
+    [finding] = [f for f in rep.findings if f.id == "live.load"]
+    assert finding.message == (
+        "vLLM failed to load or run the draft with the verifier: vllm.exceptions.VLLMValidationError: The decoder "
+        "prompt (length 600) is longer than the maximum model length of 512. Make sure that `max_model_len` is no "
+        "smaller than the number of text tokens."
+    )
+    assert error.strip() in render_markdown(rep)

@@ -20,6 +20,8 @@ import ast
 import re
 import subprocess
 import sys
+import tomllib
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,18 @@ def test_parsing_the_workflow_imports_no_ml_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_command_lines_are_installed_and_answer_help():
+    """`[project.scripts]` (pyproject.toml): each entry point names a function of the package, and its installed
+    command (beside this interpreter, where envs/setup.sh installs the package) runs."""
+    declared = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    installed = {ep.name: ep for ep in entry_points(group="console_scripts") if ep.name.startswith("draftpipe")}
+    names = ["draftpipe-check", "draftpipe-convert-gguf", "draftpipe-spec-decode", "draftpipe-verify"]
+    assert sorted(installed) == sorted(declared) == names
+    for name, target in declared.items():
+        assert installed[name].value == target and callable(installed[name].load())
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / name), "--help"], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0 and proc.stdout.startswith("usage: "), (name, proc.stderr[-2000:])

@@ -351,6 +351,34 @@ def test_local_profile_draft_holds_the_gpus_it_asks_for(built, tmp_path):
     assert not any((work / "results/draft/.train").iterdir())
 
 
+def test_a_failed_rebuild_of_the_draft_loses_nothing(built, tmp_path):
+    """Snakemake removes the draft's outputs before its job runs, and a failed job leaves none. A knob that breaks
+    the draft job must not lose the draft: with the knob restored, `results/draft/` is back byte for byte from the
+    stage store, without training."""
+    import hashlib
+
+    work = tmp_path / "wf"
+    shutil.copytree(built, work, symlinks=True)
+    names = ("model.safetensors", "config.json", "metrics.csv")
+
+    def digests():
+        return {n: hashlib.sha256((work / "results/draft" / n).read_bytes()).hexdigest() for n in names}
+
+    before = digests()
+    broken = variant(work, "broken", lambda c: c["draft"].update(loss_fn="no_such_loss"))
+    proc = snakemake(work, "results/draft/model.safetensors", "--configfile", broken, check=False)
+    assert proc.returncode != 0
+    assert "no_such_loss" in (work / "results/logs/draft.log").read_text()
+    assert not any((work / "results/draft" / n).exists() for n in names)  # Snakemake removed them
+    # the config that built the draft: its job runs (the outputs are missing) and links the stored draft back
+    assert planned_jobs(work) == {"draft": 1}
+    snakemake(work, "results/draft/model.safetensors")
+    assert digests() == before
+    log = (work / "results/logs/draft.log").read_text()
+    assert "draft: found in the store" in log and "epochs from the start" not in log and "resuming" not in log
+    assert planned_jobs(work) == {}
+
+
 def test_missing_verifier_fails_before_any_job(tmp_path):
     work = copy_workflow(tmp_path / "wf")
     cfg = variant(work, "missing", lambda c: c["verifier"].update(path="models/no-such-model.gguf"))

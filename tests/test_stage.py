@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from draftpipe.io import write_text
-from draftpipe.stage import ShardTask, content_key, run_stage, sibling
+from draftpipe.stage import ShardTask, content_key, run_stage, run_stored, sibling
 
 
 def make_stage(root: Path, n: int = 3) -> list[ShardTask]:
@@ -190,3 +190,59 @@ def test_temporary_files_of_a_killed_job_are_swept_under_the_lock(tmp_path):
     assert not left.exists()
     assert sorted(p.name for p in store.iterdir() if p.name.startswith(".")) == [".lock"]
     assert (tmp_path / "out" / "train_00000.txt").read_text() == "PROMPT 0\n"
+
+
+# ------------------------------------------------------------------ a job of several outputs (the draft)
+
+
+def _draft_job(root: Path, knob: str, calls: list, fail: bool = False) -> bool:
+    """What the draft job does: its outputs (Snakemake removed them first) from the store, built when missing."""
+    outputs = [str(root / "draft" / n) for n in ("model.safetensors", "config.json", "metrics.csv")]
+    for o in outputs:
+        Path(o).unlink(missing_ok=True)
+
+    def build(paths):
+        calls.append(knob)
+        write_text(paths[0], f"weights {knob}\n")
+        write_text(paths[1], f"config {knob}\n")
+        if fail:
+            raise RuntimeError(f"training failed with {knob}")
+        write_text(paths[2], f"metrics {knob}\n")
+
+    key = content_key([], {"knob": knob}, "code-v1")
+    return run_stored(root / "store", key, outputs, build, what="draft")
+
+
+def _draft(root: Path) -> list[str]:
+    return [(root / "draft" / n).read_text() for n in ("model.safetensors", "config.json", "metrics.csv")]
+
+
+def test_a_failed_rebuild_loses_nothing_and_the_old_config_links_its_result_back(tmp_path, capsys):
+    calls: list = []
+    assert _draft_job(tmp_path, "a", calls) is True
+    assert _draft(tmp_path) == ["weights a\n", "config a\n", "metrics a\n"]
+    with pytest.raises(RuntimeError, match="training failed with b"):
+        _draft_job(tmp_path, "b", calls, fail=True)
+    assert not (tmp_path / "draft" / "model.safetensors").exists()
+    # the old config: linked back without building
+    assert _draft_job(tmp_path, "a", calls) is False
+    assert calls == ["a", "b"]
+    assert _draft(tmp_path) == ["weights a\n", "config a\n", "metrics a\n"]
+    assert "draft: found in the store" in capsys.readouterr().out
+    out = tmp_path / "draft" / "model.safetensors"
+    [entry] = [p for p in (tmp_path / "store").iterdir() if not p.name.startswith(".")]
+    assert os.stat(out).st_ino == os.stat(entry / "model.safetensors").st_ino  # a hard link, no copy
+    # the failed build left no temporary directory: only the linked entry is there
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [".lock", entry.name]
+
+
+def test_a_new_result_replaces_the_entries_nothing_links(tmp_path):
+    calls: list = []
+    _draft_job(tmp_path, "a", calls)
+    _draft_job(tmp_path, "b", calls)
+    assert _draft(tmp_path) == ["weights b\n", "config b\n", "metrics b\n"]
+    assert len([p for p in (tmp_path / "store").iterdir() if not p.name.startswith(".")]) == 1
+    _draft_job(tmp_path, "a", calls)  # a's entry went with b's success: built again
+    assert calls == ["a", "b", "a"]
+    with pytest.raises(ValueError, match="distinct file names"):
+        run_stored(tmp_path / "store", "k" * 64, [str(tmp_path / "x/m"), str(tmp_path / "y/m")], lambda paths: None)
