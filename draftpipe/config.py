@@ -191,7 +191,7 @@ def check_against_verifier(config: dict, resolved: dict) -> None:
             f"draft.head_dim: {head_dim} is odd; rotary position embeddings rotate pairs of dimensions, so the "
             "draft's head_dim must be even (null = the verifier's)"
         )
-    v = config["verifier"]
+    v = config.get("verifier") or {}
     if resolved["kind"] == "gguf":
         ctx = v.get("gguf_max_position_embeddings")
         cfg, where = None, "verifier.gguf_max_position_embeddings"

