@@ -190,6 +190,28 @@ def fit_prompts(
     return kept, stats
 
 
+def encode_and_fit(
+    tokenizer: Any,
+    records: list[dict],
+    *,
+    template_kwargs: dict,
+    max_model_len: int,
+    room: int,
+    too_long: str,
+    stage: str,
+) -> tuple[list[tuple[dict, list[int]]], dict]:
+    """Prompt records as the verifier is served them (:func:`draftpipe.chat.encode_prompt`, with their tools and the
+    rendering's ``template_kwargs``), then :func:`fit_prompts` with ``room`` new tokens (at most
+    ``max_model_len - 1``): what the live check and the benchmark send to vLLM. Returns and raises as
+    :func:`fit_prompts`."""
+    encoded = [
+        (r, encode_prompt(tokenizer, r["messages"], tools=r.get("tools"), template_kwargs=template_kwargs))
+        for r in records
+    ]
+    room = min(room, max_model_len - 1)
+    return fit_prompts(encoded, max_model_len=max_model_len, room=room, too_long=too_long, stage=stage)
+
+
 def request_seed(base_seed: int, prompt_id: str) -> int:
     """Per-prompt sampling seed: independent of batch composition and of which shard holds the prompt."""
     return int(hashlib.sha256(f"{base_seed}:{prompt_id}".encode()).hexdigest()[:8], 16)

@@ -107,6 +107,17 @@ def stage_lock(store: Path) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
+def sweep_interrupted(store: Path) -> None:
+    """Remove the temporary files and directories (``.<name>.tmp-<pid>``) that killed jobs left in a stage's store.
+    Call it under :func:`stage_lock`: then nothing writes into the store, so every such entry is a killed job's."""
+    for tmp in store.glob(".*.tmp-*"):
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        print(f"removed {tmp.name} (left in the store by an interrupted job)", flush=True)
+
+
 def link_output(entry: Path, output: str) -> None:
     """Make ``output`` a hard link to ``entry`` (a copy across file systems), replacing it atomically."""
     out = Path(output)
@@ -163,11 +174,7 @@ def run_stage(
     if own.shard not in {t.shard for t in tasks}:
         tasks = [*tasks, own]
     with stage_lock(store):
-        # under the lock nothing writes into the store: a temporary file there is a killed job's
-        for tmp in store.glob(".*.tmp-*"):
-            if tmp.is_file():
-                tmp.unlink()
-                print(f"removed {tmp.name} (left in the store by an interrupted job)", flush=True)
+        sweep_interrupted(store)
         todo = []
         for t in tasks:
             if not all(os.path.exists(p) for p in t.inputs):
@@ -233,8 +240,7 @@ def run_stored(
         raise ValueError(f"outputs must have distinct file names: {outputs}")
     entry = store / key[:32]
     with stage_lock(store):
-        for tmp in store.glob(".*.tmp-*"):  # under the lock nothing writes here: a killed job's
-            shutil.rmtree(tmp, ignore_errors=True)
+        sweep_interrupted(store)
         built = not (entry.is_dir() and all((entry / n).is_file() for n in names))
         if built:
             tmp = store / f".{entry.name}.tmp-{os.getpid()}"

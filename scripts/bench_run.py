@@ -12,8 +12,8 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         import pandas as pd
 
         from draftpipe.bench import benchmark
-        from draftpipe.chat import encode_prompt, planned_template, verifier_tokenizer
-        from draftpipe.completions import fit_prompts
+        from draftpipe.chat import planned_template, verifier_tokenizer
+        from draftpipe.completions import encode_and_fit
         from draftpipe.engine import speculative_dtype
         from draftpipe.io import atomic_path, read_jsonl, write_json
         from draftpipe.prompts import load_prompts
@@ -26,20 +26,13 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         )
 
         def encode(records, name):
-            encoded = [
-                (
-                    r,
-                    encode_prompt(
-                        tok, r["messages"], tools=r.get("tools"), template_kwargs=p.rendering["template_kwargs"]
-                    ),
-                )
-                for r in records
-            ]
             # completions.too_long, as for the completions; each prompt keeps room for the whole max_tokens
-            fitted, counts = fit_prompts(
-                encoded,
+            fitted, counts = encode_and_fit(
+                tok,
+                records,
+                template_kwargs=p.rendering["template_kwargs"],
                 max_model_len=p.max_model_len,
-                room=min(s["max_tokens"], p.max_model_len - 1),
+                room=s["max_tokens"],
                 too_long=p.too_long,
                 stage="the benchmark",
             )

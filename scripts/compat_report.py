@@ -29,8 +29,8 @@ if __name__ == "__main__":
             )
             rep.live = {"skipped": unsupported}
         elif p.live and rep.ok:
-            from draftpipe.chat import encode_prompt, planned_template, verifier_tokenizer
-            from draftpipe.completions import fit_prompts
+            from draftpipe.chat import planned_template, verifier_tokenizer
+            from draftpipe.completions import encode_and_fit
             from draftpipe.engine import speculative_dtype
 
             tok = verifier_tokenizer(
@@ -40,20 +40,13 @@ if __name__ == "__main__":
                 ),
             )
             records = read_jsonl(snakemake.input.prompts)[: p.live_prompts]
-            encoded = [
-                (
-                    r,
-                    encode_prompt(
-                        tok, r["messages"], tools=r.get("tools"), template_kwargs=p.rendering["template_kwargs"]
-                    ),
-                )
-                for r in records
-            ]
             # completions.too_long, as for the completions: a prompt without room for the check's tokens
-            fitted, counts = fit_prompts(
-                encoded,
+            fitted, counts = encode_and_fit(
+                tok,
+                records,
+                template_kwargs=p.rendering["template_kwargs"],
                 max_model_len=p.max_model_len,
-                room=min(p.live_max_tokens, p.max_model_len - 1),
+                room=p.live_max_tokens,
                 too_long=p.too_long,
                 stage="the live check",
             )

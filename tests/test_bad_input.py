@@ -1189,3 +1189,18 @@ def test_a_failed_live_check_reports_vllm_s_error_whole():
         "smaller than the number of text tokens."
     )
     assert error.strip() in render_markdown(rep)
+
+
+def test_the_live_check_and_the_benchmark_encode_and_fit_their_prompts(tokenizer):
+    from draftpipe.completions import encode_and_fit
+
+    short = [{"role": "user", "content": "Once upon a time"}]
+    long_text = " ".join(["the little dog ran to the park"] * 40)
+    records = [{"id": "s", "messages": short}, {"id": "l", "messages": [{"role": "user", "content": long_text}]}]
+    ids = encode_prompt(tokenizer, short)
+    kw = dict(template_kwargs={}, max_model_len=64, too_long="drop", stage="the benchmark")
+    kept, stats = encode_and_fit(tokenizer, records, room=16, **kw)
+    assert [(r["id"], i) for r, i in kept] == [("s", ids)] and stats["dropped_too_long"] == 1
+    # more room than the context holds: as much as a prompt can leave (63 of 64), so no prompt of 2+ tokens fits
+    kept, stats = encode_and_fit(tokenizer, records[:1], room=10**6, **kw)
+    assert len(ids) > 1 and kept == [] and stats["dropped_too_long"] == 1
