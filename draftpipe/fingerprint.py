@@ -56,7 +56,7 @@ def prompt_fingerprints(
 
     Returns:
         ``{"train": [digest per shard], "eval": digest, "prompts": number of records kept, "train_prompts":
-        number kept for training}``.
+        number kept for training, "warnings": the loader's warnings (text a mapping leaves out)}``.
 
     Raises:
         FileNotFoundError, draftpipe.prompts.PromptFormatError: a source is missing or malformed (the message names
@@ -78,6 +78,7 @@ def prompt_fingerprints(
         "eval": records_digest(evals),
         "prompts": train + len(evals),
         "train_prompts": train,
+        "warnings": stats.warnings,
     }
 
 

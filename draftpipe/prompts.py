@@ -99,7 +99,9 @@ class PromptStats:
     ``read``: records read; ``empty``: records dropped because they hold no prompt (see the module docstring);
     ``duplicates``: records dropped because their content id was already kept; ``kept``: records returned;
     ``empty_at``: ``file:line`` of the first :data:`MAX_EMPTY_AT` empty records; ``per_source``: the counts of
-    each source, keyed by its path.
+    each source, keyed by its path (``path (prompts.sources[i])`` for a file listed more than once), with
+    ``ignored_text``, ``{key: records}``, for text a plain-text record holds outside its prompt; ``warnings``: one
+    line for each such key, saying how to keep or silence it.
     """
 
     read: int = 0
@@ -108,6 +110,7 @@ class PromptStats:
     kept: int = 0
     empty_at: list = field(default_factory=list)
     per_source: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
 
 
 def prompt_id(messages: list[dict], tools: list | None = None) -> str:
@@ -413,13 +416,122 @@ def with_system_prompt(messages: list[dict], system_prompt: str | None) -> list[
     return [{"role": "system", "content": system_prompt}, *messages]
 
 
-def normalise_record(obj: Any, where: str, text_field: str | None = None) -> list[dict]:
+# Keys whose text a plain-text record holds besides its prompt and that a prompt leaves out by design: the reference
+# answer, which the verifier regenerates (Alpaca's `output`, GSM8K's `answer`, preference pairs), and ids.
+ANSWER_KEYS = frozenset(
+    {
+        "output",
+        "response",
+        "completion",
+        "answer",
+        "answers",
+        "chosen",
+        "rejected",
+        "target",
+        "reference",
+        "solution",
+        "canonical_solution",
+    }
+)
+
+
+def template_keys(template: str) -> list[str]:
+    """The record keys a source's ``template`` names (``"{instruction}\\n\\n{input}"`` -> ``["instruction",
+    "input"]``), in order, each once.
+
+    Raises:
+        ValueError: the template is not a valid ``str.format`` string, names no key, or uses positional fields,
+            attributes, indexes or conversions.
+    """
+    import string
+
+    keys: list[str] = []
+    try:
+        for _, name, spec, conversion in string.Formatter().parse(template):
+            if name is None:
+                continue
+            if not name.isidentifier() or spec or conversion:
+                raise ValueError(f"{{{name}}} is not a plain key (write {{key}} with a record key's name)")
+            if name not in keys:
+                keys.append(name)
+    except ValueError as exc:
+        raise ValueError(f"not a valid template ({exc}); literal braces are written {{{{ and }}}}") from None
+    if not keys:
+        raise ValueError("names no record key (write {key} where a record key's text goes)")
+    return keys
+
+
+def mapping_keys(src: dict) -> tuple[str, ...]:
+    """The keys a source's mapping reads the prompt text from: its ``field`` (a key or a list of keys), the keys of
+    its ``template``, or () for shape detection."""
+    if src.get("template"):
+        return tuple(template_keys(src["template"]))
+    fld = src.get("field")
+    if fld is None:
+        return ()
+    return (fld,) if isinstance(fld, str) else tuple(fld)
+
+
+def mapped_text(obj: dict, where: str, src: dict) -> str | None:
+    """The prompt text of a plain-text record under its source's ``field`` or ``template``; None when the source
+    has neither (the record's shape decides).
+
+    - ``field: key``: that key's text;
+    - ``field: [k1, k2, ...]``: the non-empty texts of the keys, in order, joined by a blank line (Alpaca's
+      ``instruction`` then ``input``); a key a record lacks counts as empty;
+    - ``template: "{instruction}\\n\\nInput: {input}"``: ``str.format`` with the record's texts.
+
+    Raises:
+        PromptFormatError: naming ``where``: a record with none of the keys (a template: without one of them), or
+            a value that is not a string.
+    """
+    keys = mapping_keys(src)
+    if not keys:
+        return None
+    found = ", ".join(repr(k) for k in sorted(obj)) or "none"
+    template = src.get("template")
+    if len(keys) == 1 and not template:
+        if keys[0] not in obj:
+            raise PromptFormatError(f"{where}: record has no key {keys[0]!r} (its keys: {found})")
+    elif not template and not any(k in obj for k in keys):
+        raise PromptFormatError(
+            f"{where}: record has none of the keys {', '.join(map(repr, keys))} (its keys: {found})"
+        )
+    values = {}
+    for k in keys:
+        if template and k not in obj:
+            raise PromptFormatError(f"{where}: record has no key {k!r}, which the template names (its keys: {found})")
+        v = obj.get(k)
+        if v is not None and not isinstance(v, str):
+            raise PromptFormatError(f"{where}: {k!r} must be a string, got {json_type(v)}")
+        values[k] = v or ""
+    if template:
+        return template.format_map(values)
+    return "\n\n".join(v for v in values.values() if v.strip())
+
+
+def ignored_text_keys(obj: dict, src: dict, used: tuple[str, ...]) -> list[str]:
+    """The keys of a plain-text record that hold non-empty text the prompt leaves out: not read by the mapping
+    (``used``), not an answer key (:data:`ANSWER_KEYS`), not ``id`` or ``*_id``, not in the source's ``ignore``."""
+    skip = set(used) | ANSWER_KEYS | set(src.get("ignore") or ())
+    return [
+        k
+        for k, v in obj.items()
+        if isinstance(v, str) and v.strip() and k not in skip and k != "id" and not k.endswith("_id")
+    ]
+
+
+def normalise_record(
+    obj: Any, where: str, text_field: str | list[str] | None = None, template: str | None = None
+) -> list[dict]:
     """Turn one source record into a chat prompt ``[{"role", "content"}, ...]`` ending in a user turn.
 
     Args:
         obj: the parsed record.
         where: ``"file:line"`` for error messages.
-        text_field: if given, the key holding plain prompt text (overrides shape detection).
+        text_field: if given, the key (or list of keys, :func:`mapped_text`) holding plain prompt text (overrides
+            shape detection).
+        template: if given, a ``str.format`` template of the record's keys that makes the prompt text.
 
     Returns:
         The messages, ending in a user or tool turn; an empty list when the record holds no prompt to answer (an
@@ -432,16 +544,20 @@ def normalise_record(obj: Any, where: str, text_field: str | None = None) -> lis
     """
     if not isinstance(obj, dict):
         raise PromptFormatError(f"{where}: expected a JSON object, got {json_type(obj)}")
-    keys = (text_field,) if text_field else SHAPE_KEYS
-    key = next((k for k in keys if k in obj), None)
-    if key is None:
+    shape_field = text_field if text_field in ("messages", "conversations", "turns") else None
+    if shape_field and shape_field not in obj:
         found = ", ".join(repr(k) for k in sorted(obj)) or "none"
-        if text_field:
-            raise PromptFormatError(f"{where}: record has no key {text_field!r} (its keys: {found})")
+        raise PromptFormatError(f"{where}: record has no key {shape_field!r} (its keys: {found})")
+    mapped = None if shape_field else mapped_text(obj, where, {"field": text_field, "template": template})
+    key = shape_field or (None if mapped is not None else next((k for k in SHAPE_KEYS if k in obj), None))
+    if mapped is None and key is None:
+        found = ", ".join(repr(k) for k in sorted(obj)) or "none"
         wanted = ", ".join(repr(k) for k in SHAPE_KEYS)
         raise PromptFormatError(f"{where}: record has none of the keys {wanted} (its keys: {found})")
-    value = obj[key]
-    if key in ("prompt", text_field) and key not in ("messages", "conversations", "turns"):
+    value = obj[key] if key else mapped
+    if mapped is not None:
+        messages = [{"role": "user", "content": mapped}]
+    elif key == "prompt":
         if not isinstance(value, str):
             raise PromptFormatError(f"{where}: {key!r} must be a string, got {json_type(value)}")
         messages = [{"role": "user", "content": value}]
@@ -475,7 +591,8 @@ def load_prompts(sources: Iterable[dict], system_prompt: str | None = None) -> t
     """Read every source, normalise, and drop empty prompts and duplicates (first occurrence wins).
 
     Args:
-        sources: dicts with ``path`` and optional ``field`` (plain-text key).
+        sources: dicts with ``path`` and an optional mapping of plain-text records: ``field`` (a key or a list of
+            keys, :func:`mapped_text`) or ``template``; ``ignore`` lists keys whose text is no part of the prompt.
         system_prompt: ``prompts.system_prompt``: the first turn of every record without a system turn (part of
             the record, so of its id and of the prompt set's fingerprint).
 
@@ -491,14 +608,30 @@ def load_prompts(sources: Iterable[dict], system_prompt: str | None = None) -> t
     """
     stats = PromptStats()
     seen: dict[str, dict] = {}
-    for src in sources:
+    sources = list(sources)
+    paths = Counter(str(Path(src["path"])) for src in sources)
+    for i, src in enumerate(sources):
         path = Path(src["path"])
+        # a file listed twice (with different fields) gets one entry per listing
+        label = str(path) if paths[str(path)] == 1 else f"{path} (prompts.sources[{i}])"
         counts = Counter()
+        ignored: Counter = Counter()
+        ignored_at: dict[str, str] = {}
+        used = mapping_keys(src)
         explicit_ids: dict[str, tuple[str, str]] = {}
         for number, obj in iter_source_rows(path):
             counts["read"] += 1
             where = source_location(path, number)
-            messages = normalise_record(obj, where, src.get("field"))
+            messages = normalise_record(obj, where, src.get("field"), src.get("template"))
+            plain = (
+                src.get("field") not in ("messages", "conversations", "turns")
+                if used
+                else (isinstance(obj, dict) and next((k for k in SHAPE_KEYS if k in obj), None) == "prompt")
+            )
+            if plain:
+                for k in ignored_text_keys(obj, src, used or ("prompt",)):
+                    ignored[k] += 1
+                    ignored_at.setdefault(k, where)
             if not messages:
                 counts["empty"] += 1
                 if len(stats.empty_at) < MAX_EMPTY_AT:
@@ -527,13 +660,34 @@ def load_prompts(sources: Iterable[dict], system_prompt: str | None = None) -> t
             counts["kept"] += 1
         if not counts["read"]:
             raise PromptFormatError(f"{path}: the prompt source has no records")
-        stats.per_source[str(path)] = dict(counts)
+        stats.per_source[label] = dict(counts)
+        if ignored:
+            stats.per_source[label]["ignored_text"] = dict(sorted(ignored.items()))
+            stats.warnings.extend(
+                _ignored_warning(i, path, src, used or ("prompt",), k, n, counts["read"], ignored_at[k])
+                for k, n in sorted(ignored.items())
+            )
         stats.read += counts["read"]
         stats.empty += counts["empty"]
         stats.duplicates += counts["duplicates"]
     records = [seen[k] for k in sorted(seen)]
     stats.kept = len(records)
     return records, stats
+
+
+def _ignored_warning(i: int, path: Path, src: dict, used: tuple[str, ...], key: str, n: int, read: int, at: str) -> str:
+    """The warning for text a source's mapping leaves out of its prompts (:func:`ignored_text_keys`)."""
+    how = (
+        f"template {src['template']!r}"
+        if src.get("template")
+        else (f"field {src['field']!r}" if src.get("field") is not None else "the 'prompt' key")
+    )
+    fields = ", ".join([*used, key])
+    return (
+        f"prompts.sources[{i}] ({path}): {n} of {read} record(s) have text under {key!r}, which {how} leaves out of "
+        f"the prompt (the first at {at}); to keep it, combine the keys (field: [{fields}]) or write a template; to "
+        f"silence this, add ignore: [{key}]"
+    )
 
 
 def split_and_shard(

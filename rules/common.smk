@@ -29,7 +29,7 @@ try:
     # verifier.chat_template_file (checked above): its content is a param of the stages that render conversations
     CHAT_TEMPLATE_SHA = template_sha256(config["verifier"]["chat_template_file"])
 except (ConfigError, VerifierNotFoundError) as exc:
-    raise WorkflowError(f"config error: {exc}")
+    sys.exit(f"config error: {exc}")
 
 # Where the rules read the verifier from: the converted directory for a GGUF, else the user's dir or hub id.
 if VERIFIER["kind"] == "gguf":
@@ -83,13 +83,16 @@ def prompts_fp():
             config["prompts"]["system_prompt"],
         )
     except NoTrainingPromptsError as exc:
-        raise WorkflowError(f"config error: {exc}")
+        sys.exit(f"config error: {exc}")
     except (OSError, ValueError) as exc:
-        raise WorkflowError(f"prompt source error: {exc}")
+        sys.exit(f"prompt source error: {exc}")
 
 
 if workflow.is_main_process:
-    prompts_fp()  # a bad source fails here, before any job is planned, naming the file and line
+    # a bad source fails here, before any job is planned, naming the file and line; text a source's mapping leaves
+    # out of its prompts is a warning
+    for _warning in prompts_fp()["warnings"]:
+        print(f"warning: {_warning}", file=sys.stderr)
 
 
 def prompt_part_fp(wildcards):

@@ -11,12 +11,13 @@ if __name__ == "__main__":
 
     with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
         from draftpipe.compat import add_live_findings, check, live_check, live_unsupported, render_markdown
+        from draftpipe.engine import speculative_dtype
         from draftpipe.io import read_jsonl, write_json, write_text
 
         p = snakemake.params
         draft_dir = str(Path(snakemake.input.model).parent)
         rep = check(draft_dir, p.verifier, expect=dict(p.expect))
-        unsupported = live_unsupported(p.verifier) if p.live and rep.ok else None
+        unsupported = live_unsupported(p.verifier, speculative_dtype(p.dtype)) if p.live and rep.ok else None
         if unsupported:
             rep.add(
                 "live.unsupported",
@@ -31,7 +32,6 @@ if __name__ == "__main__":
         elif p.live and rep.ok:
             from draftpipe.chat import planned_template, verifier_tokenizer
             from draftpipe.completions import encode_and_fit
-            from draftpipe.engine import speculative_dtype
 
             tok = verifier_tokenizer(
                 p.verifier,

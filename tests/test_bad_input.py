@@ -588,7 +588,7 @@ CONFIG_ERRORS = [
     pytest.param(
         "prompts.sources",
         [{"path": str(TINYSTORIES)}, {"path": str(TINYSTORIES), "field": "prompt"}, {"path": str(TINYSTORIES)}],
-        f"prompts.sources[2]: {TINYSTORIES} is listed twice (also prompts.sources[0]), with the same field; list each "
+        f"prompts.sources[2]: {TINYSTORIES} is listed twice (also prompts.sources[0]), with the same field or template; list each "
         "source once",
         id="prompt-source-twice",
     ),
@@ -850,7 +850,7 @@ SCHEMA_ERRORS = [
     pytest.param(
         "prompts.sources",
         [{"file": "p.jsonl"}],
-        "prompts.sources[0].file: unknown key (known keys: field, path)",
+        "prompts.sources[0].file: unknown key (known keys: field, ignore, path, template)",
         id="source-key-misspelt",
     ),
 ]
@@ -1204,3 +1204,129 @@ def test_the_live_check_and_the_benchmark_encode_and_fit_their_prompts(tokenizer
     # more room than the context holds: as much as a prompt can leave (63 of 64), so no prompt of 2+ tokens fits
     kept, stats = encode_and_fit(tokenizer, records[:1], room=10**6, **kw)
     assert len(ids) > 1 and kept == [] and stats["dropped_too_long"] == 1
+
+
+def test_config_files_name_the_file_and_line_of_a_yaml_error(tmp_path, capsys):
+    from draftpipe.config import check_config_files, load_config_file, main
+
+    tab = tmp_path / "tab.yaml"
+    tab.write_text("completions:\n  seed: 1\n\tmax_tokens: 8\n")
+    assert raised(ConfigError, load_config_file, tab) == (
+        f"{tab}:3:1: a tab indents this line; YAML indents with spaces only"
+    )
+    indent = tmp_path / "indent.yaml"
+    indent.write_text("completions:\n  seed: 1\n   max_tokens: 8\n")
+    assert raised(ConfigError, load_config_file, indent) == (
+        f"{indent}:3:14: not valid YAML (mapping values are not allowed here)"
+    )
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- completions\n")
+    assert raised(ConfigError, load_config_file, listed) == f"{listed}: a config holds keys at its top level, not list"
+    assert raised(ConfigError, load_config_file, tmp_path / "none.yaml") == f"{tmp_path / 'none.yaml'}: does not exist"
+    # config.yaml extended by --configfile files, as Snakemake merges them, then the schema
+    over = tmp_path / "over.yaml"
+    over.write_text("completions:\n  max_tokens: 8\n")
+    merged = check_config_files([over], REPO / "config.yaml")
+    assert merged["completions"]["max_tokens"] == 8 and merged["completions"]["too_long"] == "drop"
+    over.write_text("completions:\n  temprature: 0.5\n")
+    assert main([str(over), "--base", str(REPO / "config.yaml")]) == 1
+    assert capsys.readouterr().out.startswith("config error: completions.temprature: unknown key (known keys: ")
+    assert main([str(tab), "--base", str(REPO / "config.yaml")]) == 1
+    assert (
+        capsys.readouterr().out == f"config error: {tab}:3:1: a tab indents this line; YAML indents with spaces only\n"
+    )
+    assert main(["--base", str(REPO / "config.yaml")]) == 0 and capsys.readouterr().out == "ok\n"
+
+
+ALPACA = [  # Alpaca's shape: the task in `instruction`, its data in `input` (often empty), the answer in `output`
+    {"instruction": "Sort the numbers in ascending order.", "input": "3, 1, 2", "output": "1, 2, 3"},
+    {"instruction": "Name a primary color.", "input": "", "output": "Red."},
+    {"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"},
+]
+
+
+def test_a_source_combines_fields_or_fills_a_template(tmp_path):
+    path = tmp_path / "alpaca.jsonl"
+    path.write_bytes(jsonl(*ALPACA))
+
+    def prompts(**mapping):
+        records, stats = load_prompts([{"path": str(path), **mapping}])
+        return [r["messages"][-1]["content"] for r in sorted(records, key=lambda r: r["line"])], stats
+
+    texts, stats = prompts(field=["instruction", "input"])  # non-empty texts joined by a blank line
+    assert texts == [
+        "Sort the numbers in ascending order.\n\n3, 1, 2",
+        "Name a primary color.",
+        "Translate to French.\n\nGood morning",
+    ]
+    assert stats.warnings == [] and "ignored_text" not in stats.per_source[str(path)]  # `output`: the answer
+    texts, _ = prompts(template="{instruction}\n\nInput: {input}")
+    assert (
+        texts[0] == "Sort the numbers in ascending order.\n\nInput: 3, 1, 2"
+        and texts[1] == "Name a primary color.\n\nInput: "
+    )
+    assert raised(PromptFormatError, prompts, template="{instruction} {context}") == (
+        f"{path}:1: record has no key 'context', which the template names (its keys: 'input', 'instruction', 'output')"
+    )
+    assert raised(PromptFormatError, prompts, field=["question", "context"]) == (
+        f"{path}:1: record has none of the keys 'question', 'context' (its keys: 'input', 'instruction', 'output')"
+    )
+
+
+def test_text_a_mapping_leaves_out_is_a_warning(tmp_path):
+    path = tmp_path / "alpaca.jsonl"
+    path.write_bytes(jsonl(*ALPACA))
+    records, stats = load_prompts([{"path": str(path), "field": "instruction"}])
+    assert len(records) == 3 and stats.per_source[str(path)]["ignored_text"] == {"input": 2}
+    assert stats.warnings == [
+        f"prompts.sources[0] ({path}): 2 of 3 record(s) have text under 'input', which field 'instruction' leaves out "
+        f"of the prompt (the first at {path}:1); to keep it, combine the keys (field: [instruction, input]) or write "
+        "a template; to silence this, add ignore: [input]"
+    ]
+    _, stats = load_prompts([{"path": str(path), "field": "instruction", "ignore": ["input"]}])
+    assert stats.warnings == []
+    # the auto-detected `prompt` key: other text is named too; ids and answers are not
+    other = tmp_path / "humaneval_like.jsonl"
+    other.write_bytes(
+        jsonl({"task_id": "T/0", "prompt": "def f():", "canonical_solution": "  pass", "test": "assert f() is None"})
+    )
+    _, stats = load_prompts([{"path": str(other)}])
+    assert stats.per_source[str(other)]["ignored_text"] == {"test": 1}
+    assert "which the 'prompt' key leaves out" in stats.warnings[0] and "(field: [prompt, test])" in stats.warnings[0]
+    # chat records are whole conversations: nothing to warn about
+    chat = tmp_path / "chat.jsonl"
+    chat.write_bytes(jsonl({"messages": [{"role": "user", "content": "hi"}], "model": "gpt", "note": "x"}))
+    assert load_prompts([{"path": str(chat)}])[1].warnings == []
+
+
+def test_a_file_listed_twice_with_different_fields_has_an_entry_per_listing(tmp_path):
+    path = tmp_path / "alpaca.jsonl"
+    path.write_bytes(jsonl(*ALPACA))
+    records, stats = load_prompts([{"path": str(path), "field": "instruction"}, {"path": str(path), "field": "input"}])
+    assert stats.per_source == {
+        f"{path} (prompts.sources[0])": {"read": 3, "kept": 3, "ignored_text": {"input": 2}},
+        f"{path} (prompts.sources[1])": {"read": 3, "empty": 1, "kept": 2, "ignored_text": {"instruction": 3}},
+    }
+    assert sum(s["kept"] for s in stats.per_source.values()) == stats.kept == len(records) == 5
+
+
+@pytest.mark.parametrize(
+    "source,expected",
+    [
+        ({"field": "instruction", "template": "{instruction}"}, "prompts.sources[0]: give field or template, not both"),
+        (
+            {"template": "{0} and {instruction!r}"},
+            "prompts.sources[0].template: not a valid template ({0} is not a plain key (write {key} with a record "
+            "key's name)); literal braces are written {{ and }}",
+        ),
+        (
+            {"template": "no keys"},
+            "prompts.sources[0].template: names no record key (write {key} where a record key's text goes)",
+        ),
+    ],
+    ids=["field-and-template", "positional-template", "template-without-keys"],
+)
+def test_source_mapping_errors_name_the_key(fake_verifier, source, expected):
+    cfg = base_config()
+    cfg["prompts"]["sources"] = [{"path": str(TINYSTORIES), **source}]
+    assert raised(ConfigError, check_config, cfg, fake_verifier) == expected

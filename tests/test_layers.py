@@ -125,7 +125,13 @@ def test_the_command_lines_are_installed_and_answer_help():
     command (beside this interpreter, where envs/setup.sh installs the package) runs."""
     declared = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["scripts"]
     installed = {ep.name: ep for ep in entry_points(group="console_scripts") if ep.name.startswith("draftpipe")}
-    names = ["draftpipe-check", "draftpipe-convert-gguf", "draftpipe-spec-decode", "draftpipe-verify"]
+    names = [
+        "draftpipe-check",
+        "draftpipe-config",
+        "draftpipe-convert-gguf",
+        "draftpipe-spec-decode",
+        "draftpipe-verify",
+    ]
     assert sorted(installed) == sorted(declared) == names
     for name, target in declared.items():
         assert installed[name].value == target and callable(installed[name].load())

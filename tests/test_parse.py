@@ -133,3 +133,54 @@ def test_the_conda_environment_of_the_rules_has_the_packages_of_the_venv(name):
     assert [p for p in pip if not p.startswith("--")] == [line for line in venv if line and not line.startswith("#")]
     rules = "".join(p.read_text() for p in sorted((REPO / "rules").glob("*.smk")))
     assert rules.count("conda:\n") == rules.count("script:\n") == 11
+
+
+def test_config_errors_print_one_line_without_a_traceback(workdir, tmp_path):
+    """A config error stops the workflow with `config error: ...` and exit status 1, without a `File "...", line N`
+    fragment that reads as a crash; a tab in config.yaml is named by file and line."""
+    over = tmp_path / "over.yaml"
+    over.write_text("completions:\n  temprature: 0.5\n")
+    proc = _snakemake(workdir, "-n", "--configfile", str(over))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "config error: completions.temprature: unknown key (known keys: max_tokens, max_truncated_fraction, "
+        "reasoning, samples_per_prompt, seed, temperature, too_long, top_p, turns)"
+    )
+    assert 'File "' not in proc.out and "Traceback" not in proc.out and "WorkflowError" not in proc.out
+    config = workdir / "config.yaml"
+    good = config.read_text()
+    lines = good.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("  ") and i > 0)
+    try:
+        config.write_text("".join(lines[:at] + ["\t" + lines[at][2:]] + lines[at + 1 :]))
+        proc = _snakemake(workdir, "-n")
+        assert proc.returncode == 1
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"config error: config.yaml:{at + 1}:1: a tab indents this line; YAML indents with spaces only"
+        )
+        assert 'File "' not in proc.out
+    finally:
+        config.write_text(good)
+
+
+def test_the_plan_warns_of_text_a_source_s_mapping_leaves_out(workdir, tmp_path):
+    alpaca = workdir / "alpaca.jsonl"
+    rows = [
+        {"instruction": "Tell a story about a cat.", "input": "The cat is named Tom.", "output": "Once..."},
+        {"instruction": "Tell a story about a dog.", "input": "", "output": "Once..."},
+    ]
+    alpaca.write_text("".join(json.dumps(r) + "\n" for r in rows * 4))
+    cfg = variant(
+        workdir,
+        "alpaca",
+        lambda c: c["prompts"].update(sources=[{"path": "alpaca.jsonl", "field": "instruction"}], eval_fraction=0.0),
+    )
+    proc = _snakemake(workdir, "-n", "--configfile", cfg)
+    assert proc.returncode == 0, proc.out[-3000:]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        "warning: prompts.sources[0] (alpaca.jsonl): 4 of 8 record(s) have text under 'input', which field "
+        "'instruction' leaves out of the prompt (the first at alpaca.jsonl:1); to keep it, combine the keys "
+        "(field: [instruction, input]) or write a template; to silence this, add ignore: [input]"
+    ]
+    assert not [line for line in _snakemake(workdir, "-n").stderr.splitlines() if line.startswith("warning: ")]

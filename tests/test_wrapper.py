@@ -75,7 +75,8 @@ def test_config_check_plan_and_report_read_the_text_model(pair):
     assert kv[0] == kv[1] == 4 * (512 + 64) * 2  # MLA: 4 layers x (kv_lora_rank + qk_rope_head_dim) x 2 bytes
     text_cfg = load_verifier_config(wrapped)
     assert text_cfg["kv_lora_rank"] == 512 and text_cfg["hidden_size"] == 64
-    assert live_unsupported(str(wrapped)) == live_unsupported(str(text))
+    assert live_unsupported(str(wrapped), "bfloat16") == live_unsupported(str(text), "bfloat16")
+    assert live_unsupported(str(wrapped), "float32") == live_unsupported(str(text), "float32")
 
 
 def test_the_draft_is_built_from_the_text_model_and_passes_the_report(pair, tmp_path):
