@@ -255,6 +255,28 @@ def compare_rows(base: dict, spec: dict) -> dict:
     return out
 
 
+def summary_line(summary: dict) -> str:
+    """One line for a person about a benchmark: acceptance length and speedup of each prompt set and number of
+    speculative tokens k at temperature 0 (else the lowest temperature measured), and any mismatch."""
+    results = summary.get("results") or []
+    if not results:
+        return "no measurement"
+    temp = min(r["temperature"] for r in results)
+
+    def num(x, fmt: str) -> str:
+        return "n/a" if x is None else format(x, fmt)
+
+    parts = [
+        f"{r['prompt_set']} k={r['num_speculative_tokens']}: acceptance length {num(r['acceptance_length'], '.2f')}, "
+        f"speedup {num(r.get('speedup'), '.2f')}x"
+        for r in results
+        if r["temperature"] == temp
+    ]
+    bad = [r for r in results if r.get("identical") is False]
+    line = f"temperature {temp}: " + "; ".join(parts)
+    return line + (f"; {len(bad)} setting(s) NOT token-identical at temperature 0" if bad else "")
+
+
 def per_prompt_rows(base: dict, spec: dict) -> list[dict]:
     """Per-prompt table rows for one setting (pandas-ready)."""
     base_by_id = {r["id"]: r for r in base["requests"]}
@@ -364,6 +386,49 @@ def benchmark(
 
 
 # ------------------------------------------------------------------------------------------------ report
+
+
+def plot_training(metrics_csv: str, out_png: str, *, dpi: int = 120, title: str = "") -> None:
+    """A PNG of the draft's training curves from its ``metrics.csv`` (one row per epoch): the train and validation
+    loss (sums over the TTT steps) and, on a second axis, the validation full accuracy of each TTT step
+    (``val_full_acc_<i>``), against the epoch. An empty file gives an empty plot that says so."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(metrics_csv)
+    except pd.errors.EmptyDataError:
+        frame = pd.DataFrame()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
+    epochs = frame["epoch"] + 1 if "epoch" in frame else []
+    for key, label in (("train_loss", "train"), ("val_loss", "validation")):
+        if key in frame:
+            ax1.plot(epochs, frame[key], marker="o", label=label)
+    accs = sorted((c for c in frame.columns if c.startswith("val_full_acc_")), key=lambda c: int(c.rsplit("_", 1)[1]))
+    for c in accs:
+        ax2.plot(epochs, frame[c], marker="s", label=f"TTT step {int(c.rsplit('_', 1)[1]) + 1}")
+    ax1.set_xlabel("epoch")
+    ax1.set_ylabel("loss (sum over TTT steps)")
+    ax2.set_xlabel("epoch")
+    ax2.set_ylabel("validation full accuracy")
+    ax2.set_ylim(0, 1)
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in (ax1, ax2):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if frame.empty:
+        ax1.set_title("no epoch trained", fontsize=10)
+    for ax in (ax1, ax2):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.suptitle(f"{title}: training".lstrip(": "), fontsize=10)
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi)
+    plt.close(fig)
 
 
 def plot(summary: dict, out_per_position: str, out_vs_k: str, *, dpi: int = 120, title: str = "") -> None:

@@ -1337,6 +1337,23 @@ def live_unsupported(verifier_dir: str, dtype: str) -> str | None:
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)(: |$)")
 
 
+def verdict_line(rep: Report) -> str:
+    """One line for a person about a compatibility report: the verdict, the counts of errors and warnings, the
+    first error's id and, when the live check ran, whether the output stayed identical and its acceptance length."""
+    counts = rep.to_dict()["counts"]
+    line = f"{'ok' if rep.ok else 'FAILED'}, {counts.get('error', 0)} error(s), {counts.get('warning', 0)} warning(s)"
+    if rep.errors:
+        line += f" (first: {rep.errors[0].id})"
+    live = rep.live or {}
+    if "identical" in live:
+        line += f"; live check in vLLM: {'token-identical' if live['identical'] else 'OUTPUT CHANGED'}"
+        if live.get("acceptance_length") is not None:
+            line += f", acceptance length {live['acceptance_length']:.2f}"
+    elif "skipped" in live:
+        line += "; live check skipped"
+    return line
+
+
 def last_error_line(text: str) -> str:
     """The exception line of a Python error output (the last ``SomeError: message`` line, whole), else its last
     non-empty line."""

@@ -26,6 +26,7 @@ from draftpipe.chat import (  # noqa: F401  (encode_prompt and the errors are pa
     verifier_tokenizer,
 )
 from draftpipe.engine import engine_kwargs, is_cpu_build, open_engine  # noqa: F401
+from draftpipe.progress import vllm_progress
 from draftpipe.prompts import record_where
 
 TOO_LONG_POLICIES = ("drop", "truncate", "error")
@@ -233,6 +234,7 @@ def complete(
     chat_template_file: str | None = None,
     turns: str = "all",
     reasoning: str = "keep",
+    progress: str | None = None,
 ) -> tuple[list[dict], dict]:
     """Generate ``samples_per_prompt`` completions per prompt record with an engine from :func:`open_engine`.
 
@@ -255,6 +257,8 @@ def complete(
         chat_template_file: ``verifier.chat_template_file``: a template that replaces the tokenizer's
             (:func:`draftpipe.chat.use_template`).
         turns, reasoning: ``completions.turns`` and ``completions.reasoning`` (:func:`complete_conversations`).
+        progress: what to call the work in progress lines on stdout (requests done, their rate, the ETA and
+            vLLM's token rates, :func:`draftpipe.progress.vllm_progress`); None: no lines.
 
     Returns:
         With a chat template, the rows and stats of :func:`complete_conversations`. Without one,
@@ -288,6 +292,7 @@ def complete(
             too_long=too_long,
             turns=turns,
             reasoning=reasoning,
+            progress=progress,
         )
     template_sha = template_hash(getattr(tokenizer, "chat_template", None))
     kept, stats = prepare_prompts(
@@ -311,7 +316,8 @@ def complete(
             )
         )
         prompts.append({"prompt_token_ids": ids})
-    outputs = llm.generate(prompts, sampling_params=params, use_tqdm=False) if prompts else []
+    bar = vllm_progress(progress, scale=samples_per_prompt) if progress else False
+    outputs = llm.generate(prompts, sampling_params=params, use_tqdm=bar) if prompts else []
     rows = []
     for (rec, ids, _, cut), sp, out in zip(kept, params, outputs):
         for j, comp in enumerate(out.outputs):
@@ -342,6 +348,29 @@ def complete(
 
 
 TURNS = ("all", "last")
+
+
+def summary(rows: list[dict], stats: dict) -> str:
+    """One line for a person about a finished completions shard: prompts, samples, generated tokens, and what was
+    dropped, truncated, flattened or cut (the counts of :func:`complete`'s ``stats``; zero counts are left out)."""
+    generated = sum(
+        sum(len(t["completion_token_ids"]) for t in r["turns"]) if "turns" in r else len(r["completion_token_ids"])
+        for r in rows
+    )
+    cut = sum(r.get("finish_reason") == "length" for r in rows)
+    parts = [f"{stats.get('prompts', 0)} prompts -> {len(rows)} samples, {generated} tokens generated"]
+    for key, text in [
+        ("dropped_too_long", "dropped as too long"),
+        ("truncated_too_long", "truncated as too long"),
+        ("last_user_turn_only", "answered on the last user turn only"),
+        ("conversations_cut_too_long", "conversations ended early as too long"),
+        ("dropped_thinking_when_off", "dropped for thinking with reasoning off"),
+    ]:
+        if stats.get(key):
+            parts.append(f"{stats[key]} {text}")
+    if cut:
+        parts.append(f"{cut} cut by completions.max_tokens")
+    return ", ".join(parts)
 
 
 def generation_points(messages: list[dict], turns: str = "all") -> list[int]:
@@ -464,6 +493,7 @@ def complete_conversations(
     too_long: str = "drop",
     turns: str = "all",
     reasoning: str = "keep",
+    progress: str | None = None,
 ) -> tuple[list[dict], dict]:
     """Regenerate the assistant turns of chat conversations in order, each on the verifier's own earlier answers,
     and render every conversation as one training sample (speculators' and SpecForge's multi-turn regeneration).
@@ -484,6 +514,7 @@ def complete_conversations(
         turns: ``all`` or ``last`` (:func:`generation_points`).
         reasoning: ``keep``, ``strip`` or ``off`` (:func:`answer_message`, :func:`template_kwargs`); with ``off`` a
             row whose answers still hold a non-empty thinking span is dropped (SpecForge's rule) and counted.
+        progress: as in :func:`complete`; each round's lines name its turn (``<progress> turn 2``).
 
     Returns:
         ``(rows, stats)``: one row per sample (or, for a template that rewrites earlier turns, per answer: see
@@ -562,9 +593,8 @@ def complete_conversations(
                     seed=request_seed(seed, key),
                 )
             )
-        outputs = llm.generate(
-            [{"prompt_token_ids": ids} for _, ids, _ in batch], sampling_params=params, use_tqdm=False
-        )
+        bar = vllm_progress(f"{progress} turn {rnd + 1}", scale=max(p.n for p in params)) if progress else False
+        outputs = llm.generate([{"prompt_token_ids": ids} for _, ids, _ in batch], sampling_params=params, use_tqdm=bar)
         grown = []
         for (b, ids, text), sp, out in zip(batch, params, outputs):
             for j, comp in enumerate(out.outputs):

@@ -44,6 +44,7 @@ from draftpipe.chat import common_template
 from draftpipe.gates import check_finite_loss
 from draftpipe.hidden_states import iter_shard, read_shard_metadata
 from draftpipe.io import atomic_dir, atomic_path, write_json
+from draftpipe.progress import Progress
 from draftpipe.ranks import StepBatchSampler, check_batches_per_step, init_ranks, launch
 from draftpipe.vocab import read_maps
 
@@ -476,6 +477,9 @@ def _trainer_class():
             interval = max(1, round(steps * self.config.checkpoint_freq)) if self.config.checkpoint_freq < 1 else None
             batches = iter(self.train_loader)
             call_kw = self.config.train_call_kwargs or {}
+            # progress for a person, from rank 0: steps of this epoch, their rate, the ETA, the step's loss
+            what = f"draft epoch {epoch + 1}/{self.config.num_epochs}"
+            bar = Progress(what, steps - skip, "steps") if _rank() == 0 and steps > skip else None
             for local_step in range(skip + 1, steps + 1):
                 self._optimizers_zero_grad()
                 sums: dict = {}
@@ -498,10 +502,13 @@ def _trainer_class():
                 lr = self.optimizers[0].param_groups[0]["lr"]
                 self._optimizers_step()
                 self._schedulers_step()
+                train = self._reduce(sums)
                 metric_logger.info(
-                    {"train": self._reduce(sums), "epoch": epoch, "lr": lr, "global_step": self.global_step},
+                    {"train": train, "epoch": epoch, "lr": lr, "global_step": self.global_step},
                     extra={"step": self.global_step},
                 )
+                if bar is not None:
+                    bar.update(1, extra=f"loss {train['loss']:.4f}" if "loss" in train else "")
                 self.global_step += 1
                 if (
                     interval is not None
@@ -825,6 +832,28 @@ def export_draft(checkpoint_dir: Path, out_model: str, out_config: str, aux_ids:
     with atomic_path(out_model) as tmp:
         shutil.copyfile(checkpoint_dir / "model.safetensors", tmp)
     write_json(out_config, finalize_config(config, aux_ids, verifier))
+
+
+def training_summary(metrics_csv: str | os.PathLike) -> str:
+    """One line for a person about a trained draft, from its ``metrics.csv``: epochs, the last epoch's train and
+    validation loss (``train_loss``, ``val_loss``: sums over the TTT steps) and steps; ``no epoch`` for an empty
+    file."""
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(metrics_csv)
+    except pd.errors.EmptyDataError:
+        return "no epoch trained"
+    if frame.empty:
+        return "no epoch trained"
+    last = frame.iloc[-1]
+    parts = [f"{len(frame)} epoch(s)"]
+    for key, name in [("train_loss", "train loss"), ("val_loss", "val loss")]:
+        if key in frame:
+            parts.append(f"{name} {float(last[key]):.4f}")
+    if "train_steps" in frame:
+        parts.append(f"{int(frame['train_steps'].sum())} steps")
+    return ", ".join(parts)
 
 
 def metrics_frame(rows: list[dict]):

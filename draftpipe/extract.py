@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from draftpipe.engine import engine_kwargs
 from draftpipe.hidden_states import sequence_and_mask
+from draftpipe.progress import Progress
 from draftpipe.vllm_connector import CONNECTOR
 
 if TYPE_CHECKING:
@@ -160,7 +161,12 @@ def batches(lengths: list[int], batch_tokens: int) -> Iterator[range]:
 
 
 def extract(
-    llm: Any, sequences: list[list[int]], request_dir: str | os.PathLike, *, batch_tokens: int = DEFAULT_BATCH_TOKENS
+    llm: Any,
+    sequences: list[list[int]],
+    request_dir: str | os.PathLike,
+    *,
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    progress: str | None = None,
 ) -> Iterator[torch.Tensor]:
     """The states of every sequence, in order, from an engine of :func:`open_extractor`.
 
@@ -173,6 +179,8 @@ def extract(
         sequences: token ids, each at most the engine's ``max_model_len - 1`` long.
         request_dir: the connector's directory (the engine's ``kv_transfer_config``).
         batch_tokens: tokens per engine call.
+        progress: what to call the work in progress lines (:class:`draftpipe.progress.Progress`: sequences done,
+            their rate, the ETA and tokens/s, after each batch); None: no lines.
 
     Yields:
         float tensor ``[T, n_ids, H]`` per sequence, in the engine's dtype, columns in ``engine_layer_ids`` order.
@@ -187,6 +195,8 @@ def extract(
     )
 
     request_dir = Path(request_dir)
+    bar = Progress(progress, len(sequences), "sequences") if progress else None
+    tokens = 0
     for part in batches([len(s) for s in sequences], batch_tokens):
         paths = [str(request_dir / f"{i:08d}.safetensors") for i in part]
         params = [
@@ -194,6 +204,9 @@ def extract(
             for p in paths
         ]
         outputs = llm.generate([{"prompt_token_ids": list(sequences[i])} for i in part], params, use_tqdm=False)
+        if bar:  # the batch's prefill is done (before its states are consumed: the consumer may stop at the last)
+            tokens += sum(len(sequences[i]) for i in part)
+            bar.update(len(part), extra=f"{tokens / max(bar.elapsed, 1e-9):.0f} tok/s")
         for i, path, out in zip(part, paths, outputs):
             got = (out.kv_transfer_params or {}).get("hidden_states_path")
             if got != path:
@@ -219,6 +232,7 @@ def build_samples(
     dtype: torch.dtype,
     request_dir: str | os.PathLike,
     batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    progress: str | None = None,
 ) -> list[dict]:
     """Training samples of a completions shard, in row order (format of :mod:`draftpipe.hidden_states`).
 
@@ -234,7 +248,7 @@ def build_samples(
         num_layers: the verifier's decoder layers ``N``.
         max_len: longest sequence in tokens.
         dtype: dtype of the stored states (``hidden_states.dtype``).
-        request_dir, batch_tokens: see :func:`extract`.
+        request_dir, batch_tokens, progress: see :func:`extract`.
 
     Returns:
         dicts of ``input_ids`` int64 ``[T]``, ``loss_mask`` uint8 ``[T]``, ``hidden_states`` ``[T, A*H]``,
@@ -252,7 +266,8 @@ def build_samples(
     order = [column[k] for k in sorted(aux_ids)]
     pairs = [sequence_and_mask(row, max_len) for row in rows]
     samples = []
-    for (ids, mask), states in zip(pairs, extract(llm, [p[0] for p in pairs], request_dir, batch_tokens=batch_tokens)):
+    states_of = extract(llm, [p[0] for p in pairs], request_dir, batch_tokens=batch_tokens, progress=progress)
+    for (ids, mask), states in zip(pairs, states_of):
         samples.append(
             {
                 "input_ids": torch.tensor(ids, dtype=torch.long),

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from draftpipe import progress
 from draftpipe.gpus import hold
 from draftpipe.io import remove_interrupted_writes
 from draftpipe.provenance import manifest_path, now_iso, remove_manifests, write_manifests
@@ -50,12 +51,15 @@ def ensure_ml_python() -> None:
 
 def redirect_output(log_path: str | None) -> None:
     """Send this process's stdout and stderr (file descriptors 1 and 2, so child processes such as vLLM's
-    workers too) to the rule's log file, and configure ``logging`` at INFO level."""
+    workers too) to the rule's log file, and configure ``logging`` at INFO level. The stderr it had (Snakemake's
+    terminal) is kept for :func:`draftpipe.progress.console`."""
     if log_path:
         os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         sys.stdout.flush()
         sys.stderr.flush()
+        if progress.CONSOLE_FD is None:
+            progress.CONSOLE_FD = os.dup(2)  # the terminal, for the job's summary line (progress.console)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)

@@ -49,10 +49,14 @@ rule bench_run:
 rule bench_report:
     input:
         summary="results/bench/summary.json",
+        metrics="results/draft/metrics.csv",
     output:
-        report="results/bench/report.md",
-        per_position="results/bench/per_position_acceptance.png",
-        vs_k="results/bench/acceptance_speedup_vs_k.png",
+        # report(): what `snakemake --report report.html` shows (with the prompt and completion stats, the
+        # training metrics and the compatibility report)
+        report=report("results/bench/report.md", category="Benchmark"),
+        per_position=report("results/bench/per_position_acceptance.png", category="Benchmark"),
+        vs_k=report("results/bench/acceptance_speedup_vs_k.png", category="Benchmark"),
+        training=report("results/bench/training_curves.png", category="Training"),
     params:
         style=canon(config["bench"]["report"]),
     log:

@@ -35,7 +35,7 @@ rule completion_stats:
     input:
         completions=completion_shards,
     output:
-        stats="results/completions/stats.json",
+        stats=report("results/completions/stats.json", category="Completions"),
     log:
         "results/logs/completion_stats.log",
     benchmark:

@@ -7,7 +7,7 @@ rule draft:
     output:
         model="results/draft/model.safetensors",
         config="results/draft/config.json",
-        metrics="results/draft/metrics.csv",
+        metrics=report("results/draft/metrics.csv", category="Training"),
     params:
         verifier=VERIFIER_DIR,
         verifier_id=VERIFIER_ID,

@@ -27,7 +27,7 @@ rule prompt_set:
         sources=[s["path"] for s in config["prompts"]["sources"]],
         parts=expand("results/prompts/train_{shard}.jsonl", shard=SHARDS) + ["results/prompts/eval.jsonl"],
     output:
-        stats="results/prompts/stats.json",
+        stats=report("results/prompts/stats.json", category="Prompt set"),
     params:
         sources=canon(config["prompts"]["sources"]),
         system_prompt=config["prompts"]["system_prompt"],

@@ -7,7 +7,7 @@ rule compat_report:
         verifier=verifier_files,
     output:
         json="results/report/compat.json",
-        md="results/report/compat.md",
+        md=report("results/report/compat.md", category="Compatibility"),
     params:
         verifier=VERIFIER_DIR,
         verifier_id=VERIFIER_ID,

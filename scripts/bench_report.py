@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injecte
 from draftpipe.runtime import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-    from draftpipe.bench import plot, render_report
+    from draftpipe.bench import plot, plot_training, render_report
     from draftpipe.gates import check_acceptance
     from draftpipe.io import write_text
 
@@ -19,8 +19,10 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
     check_acceptance(summary, snakemake.config["bench"]["min_acceptance_length"], snakemake.input.summary)
     out = snakemake.output
     plot(summary, out.per_position, out.vs_k, dpi=style["dpi"], title=style["title"])
+    plot_training(snakemake.input.metrics, out.training, dpi=style["dpi"], title=style["title"])
     plots = {
         "per-position acceptance": Path(out.per_position).name,
         "acceptance length and speedup vs k": Path(out.vs_k).name,
+        "training curves": Path(out.training).name,
     }
     write_text(out.report, render_report(summary, title=style["title"], plots=plots, digits=style["digits"]))

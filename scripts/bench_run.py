@@ -11,11 +11,12 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
     with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
         import pandas as pd
 
-        from draftpipe.bench import benchmark
+        from draftpipe.bench import benchmark, summary_line
         from draftpipe.chat import planned_template, verifier_tokenizer
         from draftpipe.completions import encode_and_fit
         from draftpipe.engine import speculative_dtype
         from draftpipe.io import atomic_path, read_jsonl, write_json
+        from draftpipe.progress import console
         from draftpipe.prompts import load_prompts
 
         p = snakemake.params
@@ -61,6 +62,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         with atomic_path(snakemake.output.per_prompt) as tmp:
             pd.DataFrame(table).to_csv(tmp, index=False)
         write_json(snakemake.output.summary, summary)
+        console(f"bench_run: {summary_line(summary)}")
         mismatches = [r for r in summary["results"] if r.get("identical") is False]
         for r in mismatches:
             print(

@@ -10,9 +10,17 @@ if __name__ == "__main__":
     from draftpipe.runtime import job
 
     with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-        from draftpipe.compat import add_live_findings, check, live_check, live_unsupported, render_markdown
+        from draftpipe.compat import (
+            add_live_findings,
+            check,
+            live_check,
+            live_unsupported,
+            render_markdown,
+            verdict_line,
+        )
         from draftpipe.engine import speculative_dtype
         from draftpipe.io import read_jsonl, write_json, write_text
+        from draftpipe.progress import console
 
         p = snakemake.params
         draft_dir = str(Path(snakemake.input.model).parent)
@@ -67,6 +75,7 @@ if __name__ == "__main__":
             rep.live = {"skipped": "live check disabled (report.live_check) or vLLM not installed"}
         md = render_markdown(rep)
         print(md)
+        console(f"compat_report: {verdict_line(rep)}")
         if not rep.ok:
             sys.exit(f"compat_report: {len(rep.errors)} error(s); see the report above")
         write_json(snakemake.output.json, rep.to_dict())

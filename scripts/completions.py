@@ -10,6 +10,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
+    from draftpipe.progress import console
     from draftpipe.runtime import engine_parallelism, job
 
     with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
@@ -49,9 +50,11 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
                     chat_template_file=template_file,
                     turns=s["turns"],
                     reasoning=s["reasoning"],
+                    progress=f"completions shard {task.shard}",
                 )
                 write_jsonl(task.entry, rows)
                 print(f"shard {task.shard}: {stats}", flush=True)
+                console(f"completions shard {task.shard}: {completions.summary(rows, stats)}")
 
         own, shards = stage_tasks(snakemake, ["prompts"])
         store = store_dir(snakemake.output[0], "completions")

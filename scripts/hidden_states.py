@@ -11,6 +11,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
+    from draftpipe.progress import console
     from draftpipe.runtime import engine_parallelism, job
 
     with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
@@ -53,6 +54,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
                     dtype=dtype,
                     request_dir=requests,
                     batch_tokens=snakemake.config["resources"]["hidden_states"]["batch_tokens"],
+                    progress=f"hidden_states shard {task.shard}",
                 )
                 hs.write_shard(
                     str(task.entry),
@@ -66,10 +68,10 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
                         "chat_template_sha256": template,
                     },
                 )
-                print(
-                    f"shard {task.shard}: {len(samples)} samples, "
-                    f"{sum(int(s['input_ids'].numel()) for s in samples)} tokens",
-                    flush=True,
+                tokens = sum(int(s["input_ids"].numel()) for s in samples)
+                trained = sum(int(s["loss_mask"].sum()) for s in samples)
+                console(
+                    f"hidden_states shard {task.shard}: {len(samples)} samples, {tokens} tokens ({trained} trained on)"
                 )
             shutil.rmtree(requests, ignore_errors=True)
 

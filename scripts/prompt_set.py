@@ -10,6 +10,7 @@ from draftpipe.runtime import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
     from draftpipe.io import read_jsonl, write_json
+    from draftpipe.progress import console
     from draftpipe.prompts import load_prompts
 
     records, stats = load_prompts(snakemake.params.sources, snakemake.params.system_prompt)
@@ -23,3 +24,8 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
     }
     write_json(snakemake.output.stats, summary)
     print(summary)
+    console(
+        f"prompt_set: {stats.read} records read, {stats.kept} prompts kept ({summary['train']} train, "
+        f"{summary['eval']} eval), {stats.empty} without a prompt, {stats.duplicates} duplicate(s)"
+        + (f", {len(stats.warnings)} warning(s) in stats.json" if stats.warnings else "")
+    )

@@ -9,12 +9,19 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 from draftpipe.runtime import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-    from draftpipe.draft import export_draft, metrics_frame, settings_from_params, train_draft  # noqa: E402
+    from draftpipe.draft import (  # noqa: E402
+        export_draft,
+        metrics_frame,
+        settings_from_params,
+        train_draft,
+        training_summary,
+    )
     from draftpipe.gates import check_train_samples  # noqa: E402
     from draftpipe.hidden_states import loss_mask_sums  # noqa: E402
     from draftpipe.integrity import require_sound_shards  # noqa: E402
     from draftpipe.io import atomic_path  # noqa: E402
     from draftpipe.layout import DIGEST_CACHE, SHARD_VALUE_CACHE, results_dir_of, store_dir  # noqa: E402
+    from draftpipe.progress import console  # noqa: E402
     from draftpipe.ranks import draft_ranks  # noqa: E402
     from draftpipe.stage import code_digest, content_key, run_stored, stage_settings  # noqa: E402
 
@@ -67,6 +74,7 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
         print(metrics_frame(rows).to_string())
 
     run_stored(store_dir(snakemake.output.model, "draft"), stored, outputs, build, what="draft")
+    console(f"draft: {training_summary(snakemake.output.metrics)}")
     # The draft is exported: its training state goes (a full-precision copy of the draft and its optimizer, tens of GB for
     # a large verifier), so a forced rerun, or one after draftpipe's code changed, trains afresh instead of exporting it.
     shutil.rmtree(work, ignore_errors=True)

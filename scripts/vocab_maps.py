@@ -13,6 +13,7 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
 
     from draftpipe.hidden_states import sequence_and_mask
     from draftpipe.io import atomic_path, read_jsonl
+    from draftpipe.progress import console
     from draftpipe.vocab import build_maps, check_maps, count_tokens, frequency_table, write_maps
 
     p = snakemake.params
@@ -32,6 +33,8 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
     with atomic_path(snakemake.output.freq) as tmp:
         table.to_csv(tmp, index=False)
     write_maps(snakemake.output.maps, d2t, t2d, p.vocab_size, p.draft_vocab_size)
-    print(
-        f"{int(counts.sum())} loss-masked tokens, {int((counts > 0).sum())} distinct, draft vocab {p.draft_vocab_size}"
+    covered = float(counts[t2d.bool()].sum() / max(float(counts.sum()), 1.0)) if t2d is not None else 1.0
+    console(
+        f"vocab_maps: {int(counts.sum())} loss-masked tokens, {int((counts > 0).sum())} distinct, draft vocab "
+        f"{p.draft_vocab_size} of {p.vocab_size} covering {100 * covered:.1f}% of them"
     )

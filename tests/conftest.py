@@ -31,7 +31,10 @@ def built(tmp_path_factory) -> Path:
 
     work = copy_workflow(tmp_path_factory.mktemp("workflow"))
     small_extraction_calls(work)  # the fault test compares bytes with this run: the same vLLM calls
-    snakemake(work, "results/draft/model.safetensors", "results/prompts/stats.json", "results/completions/stats.json")
+    proc = snakemake(
+        work, "results/draft/model.safetensors", "results/prompts/stats.json", "results/completions/stats.json"
+    )
+    (work.parent / "build.out").write_text(proc.stdout + proc.stderr)  # what the console showed
     return work
 
 

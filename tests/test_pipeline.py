@@ -72,6 +72,73 @@ def test_all_stages_produce_their_artifacts(built):
     assert metrics["train_loss"].iloc[-1] < metrics["train_loss"].iloc[0]
 
 
+def test_each_job_prints_a_summary_line_and_logs_its_progress(built):
+    """The console shows one line per finished job with its figures; the logs of the long jobs show progress with
+    rate and ETA (generation, extraction, training)."""
+    import re
+
+    r = built / "results"
+    console = (built.parent / "build.out").read_text().splitlines()
+    stats = json.loads((r / "prompts/stats.json").read_text())
+    assert (
+        f"prompt_set: 44 records read, 44 prompts kept ({stats['train']} train, {stats['eval']} eval), "
+        "0 without a prompt, 0 duplicate(s)"
+    ) in console
+    shards = sorted(p.stem for p in (r / "completions").glob("train_*.jsonl"))
+    for shard in shards:
+        rows = [json.loads(line) for line in (r / f"completions/{shard}.jsonl").open()]
+        tokens = sum(len(row["completion_token_ids"]) for row in rows)
+        prompts = len({row["id"] for row in rows})
+        line = next(x for x in console if x.startswith(f"completions shard {shard[6:]}: "))
+        assert line.startswith(
+            f"completions shard {shard[6:]}: {prompts} prompts -> {len(rows)} samples, {tokens} tokens generated"
+        )
+        assert re.search(
+            rf"^hidden_states shard {shard[6:]}: {len(rows)} samples, \d+ tokens \(\d+ trained on\)$",
+            "\n".join(console),
+            re.M,
+        )
+        log = (r / f"logs/completions/{shard}.log").read_text()
+        assert re.search(
+            rf"^completions shard {shard[6:]}: {len(rows)}/{len(rows)} completions \(100%\), [\d.]+ completions/s, elapsed \d:\d\d:\d\d, ETA 0:00:00, input: [\d.]+ toks/s, output: [\d.]+ toks/s$",
+            log,
+            re.M,
+        ), log[-3000:]
+        log = (r / f"logs/hidden_states/{shard}.log").read_text()
+        assert re.search(
+            rf"^hidden_states shard {shard[6:]}: {len(rows)}/{len(rows)} sequences \(100%\), .* ETA 0:00:00, \d+ tok/s$",
+            log,
+            re.M,
+        )
+    assert any(
+        re.match(
+            r"^vocab_maps: \d+ loss-masked tokens, \d+ distinct, draft vocab 256 of 512 covering [\d.]+% of them$", x
+        )
+        for x in console
+    )
+    import pandas as pd
+
+    metrics = pd.read_csv(r / "draft/metrics.csv")
+    assert (
+        f"draft: 4 epoch(s), train loss {metrics['train_loss'].iloc[-1]:.4f}, val loss {metrics['val_loss'].iloc[-1]:.4f}, "
+        f"{int(metrics['train_steps'].sum())} steps"
+    ) in console
+    log = (r / "logs/draft.log").read_text()
+    for epoch in range(1, 5):
+        assert re.search(rf"^draft epoch {epoch}/4: (\d+)/\1 steps \(100%\), .* ETA 0:00:00, loss [\d.]+$", log, re.M)
+
+
+def embedded_file(html: str, path: str) -> bytes:
+    """The bytes of ``path`` as Snakemake's HTML report embeds it (a base64 data URI in its results table)."""
+    import base64
+    import re
+
+    at = html.index(f'"{path}": {{')
+    m = re.compile(r'"data_uri": "data:[^,"]*;base64,([A-Za-z0-9+/=]*)"').search(html, at)
+    assert m, path
+    return base64.b64decode(m.group(1))
+
+
 def torch_equal(a, b) -> bool:
     import torch
 
@@ -467,8 +534,30 @@ def test_vllm_benchmark_and_what_reruns_it(built):
 
     table = pd.read_csv(built / "results/bench/per_prompt.csv")
     assert len(table) == 2 * summary["settings"]["prompt_sets"]["eval"] and table["identical"].all()
-    for png in ("per_position_acceptance.png", "acceptance_speedup_vs_k.png"):
+    for png in ("per_position_acceptance.png", "acceptance_speedup_vs_k.png", "training_curves.png"):
         assert (built / "results/bench" / png).read_bytes()[:4] == b"\x89PNG"
+    assert "![training curves](training_curves.png)" in (built / "results/bench/report.md").read_text()
+
+    # Snakemake's HTML report holds the stats, the training metrics and curves, the compatibility report (with its
+    # verdict) and the benchmark's plots, each embedded as the file itself
+    snakemake(built, "--report", "report.html")
+    html = (built / "report.html").read_text()
+    embedded = {
+        path: embedded_file(html, path)
+        for path in (
+            "results/prompts/stats.json",
+            "results/completions/stats.json",
+            "results/draft/metrics.csv",
+            "results/report/compat.md",
+            "results/bench/report.md",
+            "results/bench/per_position_acceptance.png",
+            "results/bench/acceptance_speedup_vs_k.png",
+            "results/bench/training_curves.png",
+        )
+    }
+    for path, data in embedded.items():
+        assert data == (built / path).read_bytes(), path
+    assert embedded["results/report/compat.md"].startswith(b"# EAGLE-3 compatibility report: PASS\n")
     # formatting reruns only the report; the measurement reruns when the draft changes
     cfg = variant(built, "style", lambda c: c["bench"]["report"].update(title="Another title", dpi=80))
     assert planned_jobs(built, "--configfile", cfg, target="results/bench/report.md") == {"bench_report": 1}
