@@ -38,12 +38,21 @@ class PromptTooLongError(ValueError):
 
 
 def fit_prompt(
-    ids: list[int], max_model_len: int, policy: str = "drop", where: str = "?", *, reserve: int = 1
+    ids: list[int],
+    max_model_len: int,
+    policy: str = "drop",
+    where: str = "?",
+    *,
+    reserve: int = 1,
+    need: int = 1,
+    stage: str | None = None,
 ) -> list[int] | None:
-    """Apply ``completions.too_long`` to a prompt's token ids.
+    """Apply ``completions.too_long`` to a prompt's token ids: the one length policy of every stage that sends
+    prompts to vLLM (the completions; through :func:`fit_prompts`, the live check and the benchmark).
 
-    A prompt *fits* when it leaves room for at least one new token: ``len(ids) <= max_model_len - 1``; such a
-    prompt is returned unchanged, whatever the policy. For a prompt that does not fit:
+    A prompt *fits* when it leaves room for ``need`` new tokens (the completions: at least one):
+    ``len(ids) <= max_model_len - need``; such a prompt is returned unchanged, whatever the policy. For a prompt that
+    does not fit:
 
     - ``"drop"``: return ``None`` (the caller leaves the prompt out and counts it);
     - ``"truncate"``: keep the FIRST ``max_model_len - reserve`` tokens. The beginning holds BOS, the system prompt
@@ -57,29 +66,34 @@ def fit_prompt(
         max_model_len: the engine's context in tokens (``verifier.max_model_len``).
         policy: one of :data:`TOO_LONG_POLICIES`.
         where: the prompt, for the error message (:func:`draftpipe.prompts.record_where`: file, line and id).
-        reserve: room left for new tokens by ``truncate`` (``1 <= reserve < max_model_len``).
+        reserve: room left for new tokens by ``truncate`` (``need <= reserve < max_model_len``).
+        need: the new tokens a prompt must leave room for to fit (``1 <= need < max_model_len``).
+        stage: the stage that generates them, named in the error (``"the live check"``); None: the completions.
 
     Returns:
         The ids to send (a new list), or ``None`` when the prompt is dropped.
 
     Raises:
         PromptTooLongError: ``policy`` is ``"error"`` and the prompt does not fit.
-        ValueError: unknown ``policy``, or ``reserve`` outside ``[1, max_model_len - 1]``.
+        ValueError: unknown ``policy``, or ``need`` or ``reserve`` outside their ranges.
     """
     if policy not in TOO_LONG_POLICIES:
         raise ValueError(f"completions.too_long: unknown policy {policy!r} (use drop, truncate or error)")
-    if not 1 <= reserve < max_model_len:
+    if not 1 <= need < max_model_len:
+        raise ValueError(f"room must be in [1, {max_model_len - 1}] for max_model_len {max_model_len}, got {need}")
+    if not need <= reserve < max_model_len:
         raise ValueError(
-            f"reserve must be in [1, {max_model_len - 1}] for max_model_len {max_model_len}, got {reserve}"
+            f"reserve must be in [{need}, {max_model_len - 1}] for max_model_len {max_model_len}, got {reserve}"
         )
-    if len(ids) <= max_model_len - 1:
+    if len(ids) <= max_model_len - need:
         return list(ids)
     if policy == "drop":
         return None
     if policy == "truncate":
         return list(ids[: max_model_len - reserve])
+    what = "a new token" if stage is None else f"the {need} new token(s) of {stage}"
     raise PromptTooLongError(
-        f"completions.too_long: prompt {where} has {len(ids)} tokens, which leaves no room for a new token in "
+        f"completions.too_long: prompt {where} has {len(ids)} tokens, which leaves no room for {what} in "
         f"verifier.max_model_len={max_model_len} (set completions.too_long to drop or truncate to go on)"
     )
 
@@ -149,8 +163,9 @@ def fit_prompts(
     """``completions.too_long`` for the stages that send already encoded prompts to vLLM to generate ``room`` new
     tokens (the compatibility report's live check, the benchmark): the same policy as the completions, counted.
 
-    A prompt fits when ``len(ids) + room <= max_model_len``; vLLM refuses a prompt that leaves no room. Otherwise
-    ``drop`` leaves it out, ``truncate`` keeps its first ``max_model_len - room`` tokens, ``error`` raises.
+    :func:`fit_prompt` with ``need = reserve = room``: a prompt fits when ``len(ids) + room <= max_model_len``
+    (vLLM refuses a prompt that leaves no room); otherwise ``drop`` leaves it out, ``truncate`` keeps its first
+    ``max_model_len - room`` tokens, ``error`` raises.
 
     Args:
         encoded: ``(record, prompt ids)`` per prompt, in order.
@@ -167,26 +182,16 @@ def fit_prompts(
         PromptTooLongError: ``too_long`` is ``error`` and a prompt does not fit (naming its file, line and id).
         ValueError: unknown policy, or ``room`` outside ``[1, max_model_len - 1]``.
     """
-    if too_long not in TOO_LONG_POLICIES:
-        raise ValueError(f"completions.too_long: unknown policy {too_long!r} (use drop, truncate or error)")
-    if not 1 <= room < max_model_len:
-        raise ValueError(f"room must be in [1, {max_model_len - 1}] for max_model_len {max_model_len}, got {room}")
-    limit = max_model_len - room
     kept, dropped, truncated = [], 0, 0
     for rec, ids in encoded:
-        if len(ids) <= limit:
-            kept.append((rec, list(ids)))
-        elif too_long == "drop":
+        fitted = fit_prompt(ids, max_model_len, too_long, record_where(rec), reserve=room, need=room, stage=stage)
+        if fitted is None:
             dropped += 1
-        elif too_long == "truncate":
-            kept.append((rec, list(ids[:limit])))
-            truncated += 1
-        else:
-            raise PromptTooLongError(
-                f"completions.too_long: prompt {record_where(rec)} has {len(ids)} tokens, which leaves no room for "
-                f"the {room} new token(s) of {stage} in verifier.max_model_len={max_model_len} (set "
-                "completions.too_long to drop or truncate to go on)"
-            )
+            continue
+        truncated += len(fitted) < len(ids)
+        kept.append((rec, fitted))
+    if not encoded:  # the settings are checked even without a prompt
+        fit_prompt([], max_model_len, too_long, reserve=room, need=room, stage=stage)
     stats = {"prompts": len(encoded), "kept": len(kept), "dropped_too_long": dropped, "truncated_too_long": truncated}
     return kept, stats
 

@@ -19,7 +19,7 @@ from draftpipe.io import cached_sha256, cached_sha256s
 from draftpipe.layout import DIGEST_CACHE
 from draftpipe.prompts import template_keys
 from draftpipe.ranks import draft_world_size
-from draftpipe.verifier import load_verifier_config
+from draftpipe.verifier import is_mla_config, load_verifier_config
 
 
 class ConfigError(ValueError):
@@ -294,7 +294,7 @@ def check_against_verifier(config: dict, resolved: dict) -> None:
     if cfg is None:
         return
     heads = cfg.get("num_attention_heads")
-    kv = None if cfg.get("kv_lora_rank") else cfg.get("num_key_value_heads", heads)
+    kv = None if is_mla_config(cfg) else cfg.get("num_key_value_heads", heads)
     for stage in ("completions", "hidden_states", "bench_run"):
         tp = ((config.get("resources") or {}).get(stage) or {}).get("gpus") or 0
         if tp <= 1 or not isinstance(heads, int):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from draftpipe.verifier import load_verifier_config
+from draftpipe.verifier import is_mla_config, load_verifier_config
 
 
 def engine_kwargs(verifier: str, *, dtype: str, max_model_len: int, seed: int, extra: dict | None = None) -> dict:
@@ -74,7 +74,7 @@ def is_mla(verifier: str) -> bool:
     """Whether a verifier's (text) config is MLA attention (``kv_lora_rank``, DeepSeek-V2/V3, Kimi-K2.5); False
     when its config cannot be read here (a hub id not in the cache)."""
     try:
-        return bool(load_verifier_config(verifier, text=True).get("kv_lora_rank"))
+        return is_mla_config(load_verifier_config(verifier))
     except (OSError, ValueError):
         return False
 

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from draftpipe.ranks import draft_world_size
-from draftpipe.verifier import text_config
+from draftpipe.verifier import is_mla_config, text_config
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 CHARS_PER_TOKEN = 4.0
@@ -50,7 +50,7 @@ def kv_cache_bytes_per_token(verifier_config: dict, dtype_bytes: int = 2, tensor
     cfg = text_config(verifier_config)
     try:
         layers = int(cfg["num_hidden_layers"])
-        if cfg.get("kv_lora_rank"):
+        if is_mla_config(cfg):
             return layers * (int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)) * dtype_bytes
         heads = int(cfg["num_attention_heads"])
         kv_heads = int(cfg.get("num_key_value_heads") or heads)

@@ -166,6 +166,12 @@ def text_config(config: dict) -> dict:
     return inner if isinstance(inner, dict) and inner else config
 
 
+def is_mla_config(cfg: dict) -> bool:
+    """Whether a verifier config (its text model's, :func:`text_config`, for a multimodal wrapper) is MLA attention:
+    a non-zero ``kv_lora_rank`` (DeepSeek-V2/V3, Kimi-K2.5; what vLLM's ``ModelConfig.is_deepseek_mla`` reads)."""
+    return bool(text_config(cfg).get("kv_lora_rank"))
+
+
 def load_verifier_config(path: str | os.PathLike, *, text: bool = False) -> dict:
     """The one reader of a verifier's ``config.json`` (of a Hugging Face model directory).
 
