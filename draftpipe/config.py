@@ -400,6 +400,20 @@ def verifier_identity(resolved: dict, config: dict, cache_file: str | Path | Non
     return out
 
 
+def verifier_name(resolved: dict) -> str:
+    """A verifier's name for titles: a GGUF's file stem (``stories260K``), a directory's name, or the hub id."""
+    if resolved.get("kind") == "hub":
+        return str(resolved["id"])
+    p = Path(str(resolved["path"]))
+    return p.stem if resolved.get("kind") == "gguf" else p.name
+
+
+def report_title(config: dict, resolved: dict) -> str:
+    """``bench.report.title``, or when null ``EAGLE-3 draft for <verifier_name> in vLLM``."""
+    title = ((config.get("bench") or {}).get("report") or {}).get("title")
+    return title if title else f"EAGLE-3 draft for {verifier_name(resolved)} in vLLM"
+
+
 def check_config(config: dict, resolved: dict) -> dict[str, Any]:
     """Check values against the verifier and the file system; return derived values (aux ids, shape).
 

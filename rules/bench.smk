@@ -58,7 +58,7 @@ rule bench_report:
         vs_k=report("results/bench/acceptance_speedup_vs_k.png", category="Benchmark"),
         training=report("results/bench/training_curves.png", category="Training"),
     params:
-        style=canon(config["bench"]["report"]),
+        style=canon({**config["bench"]["report"], "title": report_title(config, VERIFIER)}),
     log:
         "results/logs/bench_report.log",
     threads: 1

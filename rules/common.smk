@@ -11,7 +11,7 @@ from draftpipe.hidden_states import check_shards_cached
 from draftpipe.layout import SHARD_HEADER_CACHE
 from draftpipe.provenance import quarantine
 from draftpipe.ranks import slurm_resources
-from draftpipe.config import ConfigError, check_config, verifier_identity
+from draftpipe.config import ConfigError, check_config, report_title, verifier_identity
 from draftpipe.verifier import VerifierNotFoundError, load_verifier_config, resolve_verifier
 
 try:

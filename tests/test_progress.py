@@ -125,3 +125,18 @@ def test_the_compatibility_verdict_line():
     rep.add("aux.ids", "error", "eagle_aux_hidden_state_layer_ids", "m")
     rep.live = {"skipped": "why"}
     assert verdict_line(rep) == "FAILED, 1 error(s), 1 warning(s) (first: aux.ids); live check skipped"
+
+
+def test_the_report_title_names_the_configured_verifier():
+    from draftpipe.config import report_title
+
+    cfg = {"bench": {"report": {"title": None}}}
+    assert report_title(cfg, {"kind": "gguf", "path": "draftpipe/data/models/stories260K.gguf"}) == (
+        "EAGLE-3 draft for stories260K in vLLM"
+    )
+    assert report_title(cfg, {"kind": "local", "path": "/models/Qwen3-8B"}) == "EAGLE-3 draft for Qwen3-8B in vLLM"
+    assert report_title(cfg, {"kind": "hub", "id": "moonshotai/Kimi-K2.5"}) == (
+        "EAGLE-3 draft for moonshotai/Kimi-K2.5 in vLLM"
+    )
+    cfg["bench"]["report"]["title"] = "Mine"
+    assert report_title(cfg, {"kind": "hub", "id": "x/y"}) == "Mine"
