@@ -37,6 +37,18 @@ class PromptTooLongError(ValueError):
     line and id."""
 
 
+def _check_fit(policy: str, max_model_len: int, need: int, reserve: int) -> None:
+    """The settings of :func:`fit_prompt`, checked (its ValueErrors)."""
+    if policy not in TOO_LONG_POLICIES:
+        raise ValueError(f"completions.too_long: unknown policy {policy!r} (use drop, truncate or error)")
+    if not 1 <= need < max_model_len:
+        raise ValueError(f"room must be in [1, {max_model_len - 1}] for max_model_len {max_model_len}, got {need}")
+    if not need <= reserve < max_model_len:
+        raise ValueError(
+            f"reserve must be in [{need}, {max_model_len - 1}] for max_model_len {max_model_len}, got {reserve}"
+        )
+
+
 def fit_prompt(
     ids: list[int],
     max_model_len: int,
@@ -77,14 +89,7 @@ def fit_prompt(
         PromptTooLongError: ``policy`` is ``"error"`` and the prompt does not fit.
         ValueError: unknown ``policy``, or ``need`` or ``reserve`` outside their ranges.
     """
-    if policy not in TOO_LONG_POLICIES:
-        raise ValueError(f"completions.too_long: unknown policy {policy!r} (use drop, truncate or error)")
-    if not 1 <= need < max_model_len:
-        raise ValueError(f"room must be in [1, {max_model_len - 1}] for max_model_len {max_model_len}, got {need}")
-    if not need <= reserve < max_model_len:
-        raise ValueError(
-            f"reserve must be in [{need}, {max_model_len - 1}] for max_model_len {max_model_len}, got {reserve}"
-        )
+    _check_fit(policy, max_model_len, need, reserve)
     if len(ids) <= max_model_len - need:
         return list(ids)
     if policy == "drop":
@@ -182,6 +187,7 @@ def fit_prompts(
         PromptTooLongError: ``too_long`` is ``error`` and a prompt does not fit (naming its file, line and id).
         ValueError: unknown policy, or ``room`` outside ``[1, max_model_len - 1]``.
     """
+    _check_fit(too_long, max_model_len, room, room)  # also when there is no prompt
     kept, dropped, truncated = [], 0, 0
     for rec, ids in encoded:
         fitted = fit_prompt(ids, max_model_len, too_long, record_where(rec), reserve=room, need=room, stage=stage)
@@ -190,8 +196,6 @@ def fit_prompts(
             continue
         truncated += len(fitted) < len(ids)
         kept.append((rec, fitted))
-    if not encoded:  # the settings are checked even without a prompt
-        fit_prompt([], max_model_len, too_long, reserve=room, need=room, stage=stage)
     stats = {"prompts": len(encoded), "kept": len(kept), "dropped_too_long": dropped, "truncated_too_long": truncated}
     return kept, stats
 

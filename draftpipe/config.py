@@ -148,17 +148,11 @@ def check_config_files(paths: list[str | Path], base: str | Path | None = None) 
     Raises:
         ConfigError: from :func:`load_config_file` (file, line, column) or :func:`validate_config` (the key).
     """
+    from snakemake.utils import update_config
+
     merged: dict = load_config_file(base) if base is not None else {}
-
-    def update(into: dict, new: dict) -> None:
-        for key, value in new.items():
-            if isinstance(value, dict) and isinstance(into.get(key), dict):
-                update(into[key], value)
-            else:
-                into[key] = copy.deepcopy(value)
-
     for p in paths:
-        update(merged, load_config_file(p))
+        update_config(merged, load_config_file(p))
     validate_config(merged)
     return merged
 

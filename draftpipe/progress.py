@@ -12,7 +12,6 @@ summary line to the terminal Snakemake runs in, while everything else of the job
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable
 
@@ -104,8 +103,8 @@ class Progress:
 class _VllmBar:
     """The part of tqdm's interface vLLM's ``_run_engine`` uses (``vllm/entrypoints/common/offline.py``): built with
     ``total`` (the engine's unfinished requests: a request of ``n`` samples counts ``n``), then ``update(n)`` (the
-    ``n`` completions of a finished request), ``postfix`` (its token
-    rates), ``format_dict["elapsed"]``, ``n``, ``refresh()``, ``close()``."""
+    ``n`` completions of a finished request), ``postfix`` (its token rates), ``format_dict["elapsed"]``, ``n``,
+    ``refresh()``, ``close()``."""
 
     def __init__(self, what: str, unit: str, every: float, total: int = 0, **_tqdm_kwargs):
         self._p = Progress(what, int(total), unit, every=every)
@@ -134,9 +133,9 @@ class _VllmBar:
 def vllm_progress(what: str, *, unit: str = "requests", scale: int = 1, every: float = 10.0) -> Callable[..., object]:
     """A ``use_tqdm`` for ``vllm.LLM.generate`` that prints :func:`progress_line` lines to stdout (the job's log):
     requests done of those sent, their rate, the ETA, and vLLM's token rates (``input: X toks/s, output: Y
-    toks/s``). ``scale``: completions per request (``SamplingParams.n``); above 1 the unit is completions, which is what vLLM
-    counts. vLLM also calls it on
-    the prompts it adds (``maybe_tqdm(prompts, use_tqdm=..., desc="Adding requests")``): they pass through."""
+    toks/s``). ``scale``: completions per request (``SamplingParams.n``); above 1 the unit is completions, which is
+    what vLLM counts. vLLM also calls it on the prompts it adds (``maybe_tqdm(prompts, use_tqdm=..., desc="Adding
+    requests")``): they pass through."""
 
     def make(iterable=None, **kwargs):
         if iterable is not None:  # vLLM's "Adding requests" pass over the prompts (vllm/utils/tqdm_utils.py)
@@ -154,4 +153,3 @@ def console(line: str) -> None:
             os.write(CONSOLE_FD, (line.rstrip("\n") + "\n").encode("utf-8", "replace"))
         except OSError:
             pass
-    sys.stdout.flush()

@@ -81,6 +81,7 @@ ROLE_ALIASES = {
     "function_call": "assistant",
 }
 SHAPE_KEYS = ("messages", "conversations", "turns", "prompt")
+CHAT_SHAPES = SHAPE_KEYS[:3]  # the shapes that are conversations, not plain text
 SUFFIXES = (".jsonl", ".json", ".parquet")
 #: how many locations of dropped empty prompts :class:`PromptStats` keeps
 MAX_EMPTY_AT = 10
@@ -435,6 +436,11 @@ ANSWER_KEYS = frozenset(
 )
 
 
+def _keys_of(obj: dict) -> str:
+    """A record's keys for an error message: ``'input', 'instruction'``, or ``none``."""
+    return ", ".join(repr(k) for k in sorted(obj)) or "none"
+
+
 def template_keys(template: str) -> list[str]:
     """The record keys a source's ``template`` names (``"{instruction}\\n\\n{input}"`` -> ``["instruction",
     "input"]``), in order, each once.
@@ -488,7 +494,7 @@ def mapped_text(obj: dict, where: str, src: dict) -> str | None:
     keys = mapping_keys(src)
     if not keys:
         return None
-    found = ", ".join(repr(k) for k in sorted(obj)) or "none"
+    found = _keys_of(obj)
     template = src.get("template")
     if len(keys) == 1 and not template:
         if keys[0] not in obj:
@@ -544,14 +550,14 @@ def normalise_record(
     """
     if not isinstance(obj, dict):
         raise PromptFormatError(f"{where}: expected a JSON object, got {json_type(obj)}")
-    shape_field = text_field if text_field in ("messages", "conversations", "turns") else None
+    shape_field = text_field if text_field in CHAT_SHAPES else None
     if shape_field and shape_field not in obj:
-        found = ", ".join(repr(k) for k in sorted(obj)) or "none"
+        found = _keys_of(obj)
         raise PromptFormatError(f"{where}: record has no key {shape_field!r} (its keys: {found})")
     mapped = None if shape_field else mapped_text(obj, where, {"field": text_field, "template": template})
     key = shape_field or (None if mapped is not None else next((k for k in SHAPE_KEYS if k in obj), None))
     if mapped is None and key is None:
-        found = ", ".join(repr(k) for k in sorted(obj)) or "none"
+        found = _keys_of(obj)
         wanted = ", ".join(repr(k) for k in SHAPE_KEYS)
         raise PromptFormatError(f"{where}: record has none of the keys {wanted} (its keys: {found})")
     value = obj[key] if key else mapped
@@ -624,7 +630,7 @@ def load_prompts(sources: Iterable[dict], system_prompt: str | None = None) -> t
             where = source_location(path, number)
             messages = normalise_record(obj, where, src.get("field"), src.get("template"))
             plain = (
-                src.get("field") not in ("messages", "conversations", "turns")
+                src.get("field") not in CHAT_SHAPES
                 if used
                 else (isinstance(obj, dict) and next((k for k in SHAPE_KEYS if k in obj), None) == "prompt")
             )
