@@ -4,8 +4,9 @@ Data: the hidden-state shards of :mod:`draftpipe.hidden_states` are read by :cla
 speculators ``BaseDataset``; speculators' ``CollateFn`` packs samples into ``[1, total_seq_len]`` batches and its
 ``shift_batch`` aligns inputs and targets. Model: ``Eagle3DraftModel.from_training_args`` with the decoder config
 that speculators' training CLI builds (``create_transformer_layer_config``), optionally with another ``head_dim``.
-Trainer: ``speculators.train.trainer.Trainer``; on machines without an accelerator the draft uses the ``sdpa``
-attention and the eager loss (the defaults, flex attention and a Triton loss, need a GPU; tiny-verifier §10).
+Trainer: ``speculators.train.trainer.Trainer``; on machines without an accelerator the draft uses
+:mod:`draftpipe.attention` (``sdpa`` over only the attending columns) and the eager loss (the defaults, flex
+attention and a Triton loss, need a GPU; tiny-verifier §10).
 
 Resumable training: after each epoch (training, then validation) the trainer writes a checkpoint directory
 ``<work_dir>/<epoch>/`` holding the speculators-format ``model.safetensors`` and ``config.json`` (bfloat16, what
@@ -40,9 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from draftpipe import attention
 from draftpipe.chat import common_template
 from draftpipe.gates import check_finite_loss
-from draftpipe.hidden_states import iter_shard, read_shard_metadata
+from draftpipe.hidden_states import KEYS, dequantize_sample, iter_shard, read_shard_metadata
 from draftpipe.io import atomic_dir, atomic_path, write_json
 from draftpipe.progress import Progress
 from draftpipe.ranks import StepBatchSampler, check_batches_per_step, init_ranks, launch
@@ -103,13 +105,9 @@ def _dataset_class():
                     is_val = val_every > 1 and k % val_every == val_every - 1
                     k += 1
                     if is_val == (split == "val"):
+                        # as stored (a float8 shard's states stay float8 in memory, with their scales)
                         self.samples.append(
-                            {
-                                "input_ids": sample["input_ids"].long(),
-                                "loss_mask": sample["loss_mask"].long(),
-                                "hidden_states": sample["hidden_states"],
-                                "verifier_last_hidden_states": sample["verifier_last_hidden_states"],
-                            }
+                            {**sample, "input_ids": sample["input_ids"].long(), "loss_mask": sample["loss_mask"].long()}
                         )
             self._torch = torch
             super().__init__(max_len, hidden_states_dtype)
@@ -121,7 +119,9 @@ def _dataset_class():
             return len(self.samples)
 
         def _get_raw_data(self, index):
-            return {k: v.clone() for k, v in self.samples[index].items()}
+            # float8 states times their scales, in the training dtype (hidden_states.dtype float8_e4m3fn)
+            sample = {k: v.clone() for k, v in self.samples[index].items()}
+            return dequantize_sample(sample, self.hidden_states_dtype) if len(sample) > len(KEYS) else sample
 
     return ShardDataset
 
@@ -659,6 +659,16 @@ def build_draft(
     )
 
 
+def attention_implementation(on_gpu: bool) -> str:
+    """The draft's ``attn_implementation`` in training: speculators' ``simple_flex_attention`` on an accelerator
+    (its block mask skips the masked blocks), :mod:`draftpipe.attention`'s packed TTT attention on a CPU (the same
+    values as ``sdpa`` over only the columns that attend: a training step on 2 CPU cores about 3x faster, see
+    ``benchmarks/draft_step.py``)."""
+    if on_gpu:
+        return "simple_flex_attention"
+    return attention.register()
+
+
 def train_draft(
     verifier_dir: str,
     shards: list[str],
@@ -755,7 +765,7 @@ def _train_here(
     common_template([(p, m.get("chat_template_sha256")) for p, m in zip(shards, metas)])
     d2t, t2d, vd = read_maps(vocab_maps)
     on_gpu = torch.accelerator.current_accelerator() is not None
-    attn = "simple_flex_attention" if on_gpu else "sdpa"
+    attn = attention_implementation(on_gpu)
     loss_impl = "fused" if on_gpu else "eager"
     model = build_draft(verifier_dir, aux_ids, d2t, t2d, vd, s, attn)
     hidden_size = model.config.transformer_layer_config.hidden_size

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftpipe.engine import engine_kwargs
-from draftpipe.hidden_states import sequence_and_mask
+from draftpipe.hidden_states import quantize_sample, sequence_and_mask
 from draftpipe.progress import Progress
 from draftpipe.vllm_connector import CONNECTOR
 
@@ -229,7 +229,7 @@ def build_samples(
     aux_ids: list[int],
     num_layers: int,
     max_len: int,
-    dtype: torch.dtype,
+    dtype: torch.dtype | str,
     request_dir: str | os.PathLike,
     batch_tokens: int = DEFAULT_BATCH_TOKENS,
     progress: str | None = None,
@@ -247,15 +247,17 @@ def build_samples(
             the layers run).
         num_layers: the verifier's decoder layers ``N``.
         max_len: longest sequence in tokens.
-        dtype: dtype of the stored states (``hidden_states.dtype``).
+        dtype: dtype of the stored states (``hidden_states.dtype``, a torch dtype or its name); ``float8_e4m3fn``
+            quantizes each sample from the engine's states with its scales
+            (:func:`draftpipe.hidden_states.quantize_sample`).
         request_dir, batch_tokens, progress: see :func:`extract`.
 
     Returns:
         dicts of ``input_ids`` int64 ``[T]``, ``loss_mask`` uint8 ``[T]``, ``hidden_states`` ``[T, A*H]``,
-        ``verifier_last_hidden_states`` ``[T, H]``.
+        ``verifier_last_hidden_states`` ``[T, H]`` (and their ``*_scales`` for a float8 ``dtype``).
 
     Raises:
-        ValueError: ``aux_ids`` repeat an id.
+        ValueError: ``aux_ids`` repeat an id, or ``dtype`` is not a float dtype.
         ExtractionError: see :func:`extract`.
     """
     import torch
@@ -267,15 +269,15 @@ def build_samples(
     pairs = [sequence_and_mask(row, max_len) for row in rows]
     samples = []
     states_of = extract(llm, [p[0] for p in pairs], request_dir, batch_tokens=batch_tokens, progress=progress)
+    stored = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     for (ids, mask), states in zip(pairs, states_of):
-        samples.append(
-            {
-                "input_ids": torch.tensor(ids, dtype=torch.long),
-                "loss_mask": torch.tensor(mask, dtype=torch.uint8),
-                "hidden_states": states[:, order].reshape(len(ids), -1).to(dtype).contiguous(),
-                "verifier_last_hidden_states": states[:, column[num_layers]].to(dtype).contiguous(),
-            }
-        )
+        sample = {
+            "input_ids": torch.tensor(ids, dtype=torch.long),
+            "loss_mask": torch.tensor(mask, dtype=torch.uint8),
+            "hidden_states": states[:, order].reshape(len(ids), -1),
+            "verifier_last_hidden_states": states[:, column[num_layers]],
+        }
+        samples.append(quantize_sample(sample, stored))
     return samples
 
 

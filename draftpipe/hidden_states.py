@@ -17,6 +17,13 @@ key                                    dtype        shape
 ``{i:06d}.verifier_last_hidden_states`` ``dtype``   ``[T, H]`` final pre-norm state (layer id ``N``)
 =====================================  ===========  ==========================================================
 
+With ``dtype`` ``float8_e4m3fn`` (``hidden_states.dtype``) two float32 tensors of scales stand beside the states:
+``{i:06d}.hidden_states_scales`` ``[T, A]`` (one per token and aux layer) and
+``{i:06d}.verifier_last_hidden_states_scales`` ``[T, 1]``; a state is ``fp8 value x scale`` (speculators'
+``hs_connectors.fp8_utils``: ``scale = amax / 448`` over the token's ``H`` values of that layer). About half the
+bytes of bfloat16 (``(A + 1) x (H + 4)`` bytes per token against ``(A + 1) x 2H``). :func:`quantize_sample` and
+:func:`dequantize_sample` convert; the draft job dequantises each sample when it is batched.
+
 The names of the per-sample tensors are those speculators' training data uses (``speculators/train/data.py``).
 File metadata records the aux ids, hidden size, sample count (``num_samples``), token count (``num_tokens``, the
 sum of the ``T``), dtype and verifier.
@@ -52,6 +59,13 @@ if TYPE_CHECKING:
 
 FORMAT = "draftpipe.hidden_states.v1"
 KEYS = ("input_ids", "loss_mask", "hidden_states", "verifier_last_hidden_states")
+#: the scales of a float8 shard, keyed by the states they scale
+SCALE_KEYS = {
+    "hidden_states": "hidden_states_scales",
+    "verifier_last_hidden_states": "verifier_last_hidden_states_scales",
+}
+#: the stored dtypes of ``hidden_states.dtype`` that are quantized with scales
+FP8_DTYPES = ("float8_e4m3fn",)
 
 # safetensors dtype names and their sizes in bytes.
 _INT_DTYPES = {"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64"}
@@ -187,17 +201,86 @@ def load_verifier_model(path: str, dtype: str = "float32") -> Any:
     return model.eval()
 
 
+def quantize_sample(sample: dict, dtype: str) -> dict:
+    """A sample's states in the stored dtype ``hidden_states.dtype``: a cast for ``bfloat16``/``float16``/
+    ``float32``; for ``float8_e4m3fn``, fp8 values and float32 scales per token and layer (speculators'
+    ``hs_connectors.fp8_utils.quantize_tensor_to_fp8`` over each aux layer's ``[T, H]`` block).
+
+    Args:
+        sample: ``input_ids [T]``, ``loss_mask [T]``, ``hidden_states [T, A*H]`` and
+            ``verifier_last_hidden_states [T, H]`` float tensors (any float dtype).
+        dtype: the stored dtype's torch name.
+    Returns:
+        a new dict: the two state tensors in ``dtype``, plus ``hidden_states_scales [T, A]`` and
+        ``verifier_last_hidden_states_scales [T, 1]`` (float32) for a float8 dtype.
+    Raises:
+        ValueError: an unknown ``dtype``.
+    """
+    import torch
+
+    target = getattr(torch, dtype, None)
+    if not isinstance(target, torch.dtype) or not target.is_floating_point:
+        raise ValueError(f"hidden_states.dtype: {dtype!r} is not a float dtype of torch")
+    out = dict(sample)
+    if dtype not in FP8_DTYPES:
+        for key in SCALE_KEYS:
+            out[key] = sample[key].to(target).contiguous()
+        return out
+    from hs_connectors.fp8_utils import quantize_tensor_to_fp8
+
+    h = sample["verifier_last_hidden_states"].shape[-1]
+    for key, scale_key in SCALE_KEYS.items():
+        states = sample[key]
+        t = states.shape[0]
+        values, scales = quantize_tensor_to_fp8(states.reshape(-1, h))  # per row of [T * layers, H]: [T * layers, 1]
+        out[key] = values.reshape(t, -1).contiguous()
+        out[scale_key] = scales.reshape(t, -1).float().contiguous()
+    return out
+
+
+def dequantize_sample(sample: dict, dtype: torch.dtype | None = None) -> dict:
+    """A stored sample with float states: float8 values times their scales (speculators'
+    ``dequantize_fp8_tensor``) in ``dtype`` (default float32), scale tensors dropped; other samples' states cast
+    to ``dtype`` when given, else unchanged.
+
+    Args:
+        sample: a sample of :func:`iter_shard` (``hidden_states [T, A*H]``, ``verifier_last_hidden_states [T, H]``,
+            with ``*_scales [T, A]`` / ``[T, 1]`` when quantized).
+    """
+    import torch
+
+    out = {k: v for k, v in sample.items() if k not in SCALE_KEYS.values()}
+    for key, scale_key in SCALE_KEYS.items():
+        if scale_key in sample:
+            from hs_connectors.fp8_utils import dequantize_fp8_tensor
+
+            values, scales = sample[key], sample[scale_key]
+            t, layers = scales.shape
+            out[key] = dequantize_fp8_tensor(
+                values.reshape(t * layers, -1), scales.reshape(t * layers, 1), dtype=dtype or torch.float32
+            ).reshape(t, -1)
+        elif dtype is not None:
+            out[key] = sample[key].to(dtype)
+    return out
+
+
+def sample_keys(sample: dict) -> tuple[str, ...]:
+    """The stored tensors of a sample: :data:`KEYS`, plus the scales of a float8 sample."""
+    return KEYS + tuple(v for v in SCALE_KEYS.values() if v in sample)
+
+
 def write_shard(path: str, samples: list[dict], metadata: dict) -> None:
     """Write samples as one safetensors shard, atomically, with a canonical header (equal samples and metadata
     give equal bytes; see :func:`draftpipe.io.save_safetensors`).
 
     Args:
         path: destination ``.safetensors`` file.
-        samples: dicts with the four tensors of :data:`KEYS` (dtypes and shapes as in the module docstring).
+        samples: dicts with the four tensors of :data:`KEYS` (dtypes and shapes as in the module docstring), and
+            the scales of a float8 shard (:func:`quantize_sample`).
         metadata: JSON-serialisable values stored (JSON-encoded) in the file metadata, beside ``format``,
             ``num_samples`` and ``num_tokens`` which this function records.
     """
-    tensors = {f"{i:06d}.{k}": s[k] for i, s in enumerate(samples) for k in KEYS}
+    tensors = {f"{i:06d}.{k}": s[k] for i, s in enumerate(samples) for k in sample_keys(s)}
     meta = {
         "format": FORMAT,
         "num_samples": str(len(samples)),
@@ -285,15 +368,15 @@ def _check_samples(header: dict, meta: dict, aux_layers: int | None, hidden_size
             aux_layers = len(json.loads(meta["aux_layer_ids"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise _Bad(f"malformed metadata ({type(exc).__name__}: {exc})") from None
-    keys = set(KEYS)
+    keys = set(KEYS) | set(SCALE_KEYS.values())
     for name in header:
         idx, _, key = name.partition(".")
         if key not in keys or len(idx) != 6 or not idx.isdigit():
             raise _Bad(f"unexpected tensor {name}")
         if int(idx) >= n:
             raise _Bad(f"tensor {name} is beyond num_samples={n}")
-    if len(header) != n * len(KEYS):
-        missing = [f"{i:06d}.{k}" for i in range(n) for k in KEYS if f"{i:06d}.{k}" not in header]
+    missing = [f"{i:06d}.{k}" for i in range(n) for k in KEYS if f"{i:06d}.{k}" not in header]
+    if missing:
         raise _Bad(f"missing tensors {missing[:4]}{'...' if len(missing) > 4 else ''}")
     tokens = 0
     for i in range(n):
@@ -321,6 +404,14 @@ def _check_samples(header: dict, meta: dict, aux_layers: int | None, hidden_size
             raise _Bad(f"{p}hidden_states: width {width}, expected {aux_layers} aux layers x {h}")
         if h == 0 or width % h:
             raise _Bad(f"{p}hidden_states: width {width} is not a multiple of the hidden size {h}")
+        for key, layers, info in (("hidden_states", width // h, hs), ("verifier_last_hidden_states", 1, last)):
+            scales = header.get(f"{p}{SCALE_KEYS[key]}")
+            if info["dtype"].startswith("F8") and scales is None:
+                raise _Bad(f"{p}{SCALE_KEYS[key]}: missing (the float8 {p}{key} needs its scales)")
+            if scales is not None and (scales["dtype"] != "F32" or scales["shape"] != [t, layers]):
+                raise _Bad(f"{p}{SCALE_KEYS[key]}: {scales['dtype']} {scales['shape']}, expected F32 {[t, layers]}")
+            if scales is not None and not info["dtype"].startswith("F8"):
+                raise _Bad(f"{p}{SCALE_KEYS[key]}: scales beside {info['dtype']} states (only float8 has scales)")
         tokens += t
     if recorded_tokens is not None and tokens != recorded_tokens:
         raise _Bad(f"{tokens} tokens in the tensors but the metadata records num_tokens={recorded_tokens}")
@@ -381,9 +472,13 @@ def shard_problem(path: str, *, aux_layers: int | None = None, hidden_size: int 
                 t = fh.get_tensor(key)
                 kind = key.partition(".")[2]
                 if kind in ("hidden_states", "verifier_last_hidden_states"):
-                    bad = int((~torch.isfinite(t)).sum())
+                    bad = int((~torch.isfinite(t.float())).sum())
                     if bad:
                         return f"{key}: {bad} non-finite values (NaN or Inf)"
+                elif kind in SCALE_KEYS.values():
+                    bad = int((~(torch.isfinite(t) & (t > 0))).sum())
+                    if bad:
+                        return f"{key}: {bad} scales that are not finite and positive"
                 elif kind == "loss_mask":
                     bad = int(((t != 0) & (t != 1)).sum())
                     if bad:
@@ -409,13 +504,16 @@ def validate_shard(path: str, *, aux_layers: int | None = None, hidden_size: int
 
 
 def iter_shard(path: str):
-    """Yield each sample of a shard as a dict of tensors (names and shapes as in the module docstring)."""
+    """Yield each sample of a shard as a dict of tensors as stored (names and shapes as in the module docstring;
+    a float8 shard's samples hold their scales too: :func:`dequantize_sample` gives float states)."""
     from safetensors import safe_open
 
     meta = read_shard_metadata(path)
     with safe_open(path, framework="pt") as fh:
+        names = set(fh.keys())
         for i in range(meta["num_samples"]):
-            yield {k: fh.get_tensor(f"{i:06d}.{k}") for k in KEYS}
+            keys = KEYS + tuple(k for k in SCALE_KEYS.values() if f"{i:06d}.{k}" in names)
+            yield {k: fh.get_tensor(f"{i:06d}.{k}") for k in keys}
 
 
 def loss_mask_sums(path: str) -> list[int]:

@@ -26,6 +26,12 @@ SHARD_HEADER_CACHE = f"{CACHE_DIR}/shard_headers.json"
 SHARD_VALUE_CACHE = f"{CACHE_DIR}/shard_values.json"
 
 
+def shard_ids(num_shards: int) -> list[str]:
+    """The ids of a stage's training shards, ``00000`` .. ``<num_shards - 1>`` (five digits, the ``{shard}``
+    wildcard of every per-shard rule)."""
+    return [f"{i:05d}" for i in range(num_shards)]
+
+
 def results_dir_of(output: str | os.PathLike) -> Path:
     """The results directory of a stage output ``<results>/<stage>/<file>``."""
     return Path(output).parents[1]

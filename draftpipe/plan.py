@@ -16,7 +16,9 @@ from pathlib import Path
 from draftpipe.ranks import draft_world_size
 from draftpipe.verifier import is_mla_config, text_config
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+#: bytes per token and layer beside the values of a quantized dtype: its float32 scale (draftpipe.hidden_states)
+SCALE_BYTES = {"float8_e4m3fn": 4}
 CHARS_PER_TOKEN = 4.0
 
 
@@ -97,7 +99,9 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: d
     tokens = samples * per_sample
     aux = config["hidden_states"].get("aux_layer_ids") or [0, 0, 0]
     H = int(shape["hidden_size"])
-    per_token = (len(aux) + 1) * H * DTYPE_BYTES[config["hidden_states"]["dtype"]] + 8 + 1  # states, id, mask
+    stored = config["hidden_states"]["dtype"]
+    # states (and a float8 shard's scales, one per token and layer), token id, mask
+    per_token = (len(aux) + 1) * (H * DTYPE_BYTES[stored] + SCALE_BYTES.get(stored, 0)) + 8 + 1
     hidden = tokens * per_token
     completion = tokens * 12 + samples * 600  # JSON text of ids and text, plus per-row metadata
     engine_bytes = DTYPE_BYTES.get(config["verifier"]["dtype"], 2)

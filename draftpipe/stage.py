@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from draftpipe.io import cached_sha256s, sha256_file
-from draftpipe.layout import STORE  # noqa: F401  (the store directory of every stage)
+from draftpipe.layout import STORE, shard_ids  # noqa: F401  (STORE: the store directory of every stage)
 from draftpipe.provenance import jsonable
 
 
@@ -269,19 +269,22 @@ def run_stored(
 def stage_tasks(smk: Any, input_names: list[str]) -> tuple[ShardTask, list[ShardTask]]:
     """This job's shard and all shards of its stage, from the Snakemake job object.
 
-    The other shards' paths are this job's paths with the shard id replaced (``params.shards`` lists the ids).
+    The other shards' paths are this job's paths with the shard id replaced; ``params.num_shards`` says how many
+    shards the stage has (ids :func:`draftpipe.layout.shard_ids`).
     """
     shard = smk.wildcards.shard
     own_inputs = [str(getattr(smk.input, n)) for n in input_names]
     own = ShardTask(shard, own_inputs, str(smk.output[0]))
     sibs = [
         ShardTask(s, [sibling(p, shard, s) for p in own_inputs], sibling(own.output, shard, s)) if s != shard else own
-        for s in smk.params.shards
+        for s in shard_ids(smk.params.num_shards)
     ]
     return own, sibs
 
 
 def stage_settings(smk: Any) -> dict:
-    """The job's params without the per-stage shard list: what, with the inputs and code, keys a shard."""
-    params = {k: v for k, v in smk.params.items() if k != "shards"}
+    """The job's params without the stage's shard count: what, with the inputs and code, keys a shard (so a
+    shard's entry survives a change of the count, and the entries of stores written when the params held the
+    id list, ``shards``, still match)."""
+    params = {k: v for k, v in smk.params.items() if k not in ("num_shards", "shards")}
     return jsonable(params)

@@ -8,7 +8,7 @@ from draftpipe.plan import DiskSpaceError, check_disk, format_plan, plan
 from draftpipe.chat import template_kwargs, template_sha256
 from draftpipe.fingerprint import NoTrainingPromptsError, prompt_fingerprints
 from draftpipe.hidden_states import check_shards_cached
-from draftpipe.layout import SHARD_HEADER_CACHE
+from draftpipe.layout import SHARD_HEADER_CACHE, shard_ids
 from draftpipe.provenance import quarantine
 from draftpipe.ranks import slurm_resources
 from draftpipe.config import ConfigError, check_config, report_title, verifier_identity
@@ -65,7 +65,7 @@ if _live == "auto":
     _live = importlib.util.find_spec("vllm") is not None
 LIVE_CHECK = bool(_live)
 
-SHARDS = [f"{i:05d}" for i in range(config["prompts"]["num_shards"])]
+SHARDS = shard_ids(config["prompts"]["num_shards"])
 
 # What each part of the prompt set (training shards, eval split) will hold, known before any job runs: a part's
 # job is planned when its fingerprint changes (see draftpipe/fingerprint.py and rules/prompts.smk). The sources are

@@ -6,7 +6,9 @@ rule completions:
     output:
         "results/completions/train_{shard}.jsonl",
     params:
-        shards=SHARDS,  # the stage's shards: the first job fills every stale one (draftpipe/stage.py)
+        # the stage's shards (ids 00000..num_shards-1): the first job fills every stale one (draftpipe/stage.py); a
+        # count, not the id list, which would make every job's params, and the dry run, grow with the shard count
+        num_shards=len(SHARDS),
         verifier=VERIFIER_DIR,
         verifier_id=VERIFIER_ID,
         # the quality gate max_truncated_fraction is read from the config: it never changes the artifact

@@ -470,3 +470,31 @@ def test_shards_of_two_chat_templates_are_refused(verifier_dir, shards, tmp_path
         rf"{mixed[0]} with a{{64}}",
     ):
         train_draft(str(verifier_dir), mixed, maps, str(tmp_path / "w"), DraftSettings(epochs=1), threads=1)
+
+
+def test_a_draft_trained_on_float8_shards_learns_what_the_bfloat16_one_learns(verifier_dir, shards, tmp_path):
+    # the same samples stored as float8 with per-token, per-layer scales (hidden_states.dtype float8_e4m3fn): the
+    # draft job dequantises them when it batches them; the draft it trains is close to, not equal to, the bfloat16 one
+    import torch
+
+    from draftpipe.draft import DraftSettings, train_draft
+    from draftpipe.hidden_states import iter_shard, quantize_sample, read_shard_metadata, write_shard
+
+    paths, maps = shards
+    fp8 = []
+    for p in paths:
+        meta = {k: v for k, v in read_shard_metadata(p).items() if k not in ("num_samples", "num_tokens")}
+        dst = tmp_path / Path(p).name
+        write_shard(str(dst), [quantize_sample(s, "float8_e4m3fn") for s in iter_shard(p)], meta)
+        fp8.append(str(dst))
+    assert sum(Path(p).stat().st_size for p in fp8) < 0.6 * sum(Path(p).stat().st_size for p in paths)
+    s = DraftSettings(epochs=2, lr=3e-3, total_seq_len=256, val_every=5, seed=0)
+    metrics = {}
+    for name, files in (("bf16", paths), ("fp8", fp8)):
+        torch.manual_seed(0)
+        metrics[name] = train_draft(str(verifier_dir), files, maps, str(tmp_path / f"w_{name}"), s, threads=1)[1][-1]
+    a, b = metrics["bf16"], metrics["fp8"]
+    assert a["train_steps"] == b["train_steps"]
+    assert a["val_loss"] != b["val_loss"]  # quantized: not the same numbers
+    assert abs(a["val_loss"] - b["val_loss"]) < 0.02 * a["val_loss"], (a["val_loss"], b["val_loss"])
+    assert abs(a["val_full_acc_0"] - b["val_full_acc_0"]) < 0.02, (a["val_full_acc_0"], b["val_full_acc_0"])

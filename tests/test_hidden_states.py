@@ -16,8 +16,10 @@ from draftpipe.hidden_states import (
     capture_layers,
     check_shard_header,
     default_aux_layer_ids,
+    dequantize_sample,
     iter_shard,
     load_verifier_model,
+    quantize_sample,
     read_shard_metadata,
     resolve_aux_layer_ids,
     validate_shard,
@@ -271,3 +273,68 @@ def test_a_damaged_shard_is_quarantined_with_its_store_entry_and_named(tmp_path,
     assert len(list(store.glob("00000.*"))) == 1
     [moved] = (results / ".quarantine").glob("*/hidden_states/train_00001.safetensors")
     assert check_shard_header(str(moved)) is None  # moved intact, for inspection
+
+
+def test_float8_shard_holds_scaled_states_in_about_half_the_bytes(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    # aux layers of very different magnitude: one scale per token and layer keeps the small one exact enough
+    samples = []
+    for t in (5, 7, 3):
+        aux = torch.randn(t, 3, 64, generator=g) * torch.tensor([0.01, 1.0, 300.0]).view(1, 3, 1)
+        samples.append(
+            {
+                "input_ids": torch.arange(t),
+                "loss_mask": torch.ones(t, dtype=torch.uint8),
+                "hidden_states": aux.reshape(t, -1),
+                "verifier_last_hidden_states": torch.randn(t, 64, generator=g),
+            }
+        )
+    fp8 = write_synthetic(tmp_path / "fp8.safetensors", samples=[quantize_sample(s, "float8_e4m3fn") for s in samples])
+    bf16 = write_synthetic(tmp_path / "bf16.safetensors", samples=[quantize_sample(s, "bfloat16") for s in samples])
+    assert check_shard_header(str(fp8)) is None
+    validate_shard(str(fp8), aux_layers=3, hidden_size=64)
+    header, _ = header_of(fp8)
+    assert header["000001.hidden_states"]["dtype"] == "F8_E4M3"
+    assert header["000001.hidden_states_scales"] == {
+        **header["000001.hidden_states_scales"],
+        "dtype": "F32",
+        "shape": [7, 3],
+    }
+    assert header["000001.verifier_last_hidden_states_scales"]["shape"] == [7, 1]
+
+    def state_bytes(path):
+        entries = header_of(path)[0].items()
+        return sum(e - b for name, (b, e) in ((n, v["data_offsets"]) for n, v in entries) if "hidden_states" in name)
+
+    # per token and layer: H fp8 values and a float32 scale against 2H bytes of bfloat16
+    assert state_bytes(fp8) / state_bytes(bf16) == (64 + 4) / (2 * 64)
+    for stored, original in zip(iter_shard(str(fp8)), samples):
+        restored = dequantize_sample(stored)
+        assert set(restored) == set(original) and restored["hidden_states"].dtype == torch.float32
+        for key in ("hidden_states", "verifier_last_hidden_states"):
+            t = original[key].shape[0]
+            err = (restored[key] - original[key]).reshape(t, -1, 64).abs().amax(dim=(0, 2))
+            top = original[key].reshape(t, -1, 64).abs().amax(dim=(0, 2))
+            assert (err <= top / 16).all(), (key, err, top)  # e4m3: 3 mantissa bits, half an ulp is 1/16
+            assert (err > 0).any()  # it is quantized
+    plain = next(iter_shard(str(bf16)))
+    assert set(plain) == {"input_ids", "loss_mask", "hidden_states", "verifier_last_hidden_states"}
+    assert dequantize_sample(plain, torch.float32)["hidden_states"].dtype == torch.float32
+
+
+def test_float8_shard_without_its_scales_or_with_bad_scales_is_named(tmp_path):
+    good = quantize_sample(synthetic_samples((4,))[0], "float8_e4m3fn")
+    no_scales = {k: v for k, v in good.items() if k != "hidden_states_scales"}
+    assert "000000.hidden_states_scales: missing" in check_shard_header(
+        str(write_synthetic(tmp_path / "a.safetensors", samples=[no_scales]))
+    )
+    wrong_shape = {**good, "hidden_states_scales": good["hidden_states_scales"][:, :2].contiguous()}
+    assert "expected F32 [4, 3]" in check_shard_header(
+        str(write_synthetic(tmp_path / "b.safetensors", samples=[wrong_shape]))
+    )
+    zero = {**good, "verifier_last_hidden_states_scales": torch.zeros(4, 1)}
+    path = write_synthetic(tmp_path / "c.safetensors", samples=[zero])
+    with pytest.raises(ShardError, match="verifier_last_hidden_states_scales: 4 scales that are not finite"):
+        validate_shard(str(path))
+    with pytest.raises(ValueError, match="hidden_states.dtype: 'int8'"):
+        quantize_sample(good, "int8")

@@ -29,7 +29,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "draftpipe"
 
 LAYERS = {
-    "io": 0, "layout": 0, "gates": 0, "gpus": 0, "progress": 0,
+    "io": 0, "layout": 0, "gates": 0, "gpus": 0, "progress": 0, "attention": 0,
     "chat": 1, "hidden_states": 1, "provenance": 1, "prompts": 1, "ranks": 1, "verifier": 1, "vocab": 1,
     "config": 2, "engine": 2, "fingerprint": 2, "integrity": 2, "plan": 2, "stage": 2, "vllm_connector": 2,
     "completions": 3, "draft": 3, "extract": 3, "runtime": 3,

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO
 from test_pipeline import copy_workflow
 
 
@@ -156,3 +157,28 @@ def test_kv_cache_per_token_follows_the_attention():
     mla = {"num_hidden_layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "num_attention_heads": 64}
     assert kv_cache_bytes_per_token({"text_config": mla}, 2, 8) == 61 * 576 * 2  # the wrapper's text model
     assert kv_cache_bytes_per_token({"hidden_size": 64}) is None
+
+
+def test_the_disk_estimate_follows_the_hidden_state_dtype():
+    import copy
+
+    import yaml
+
+    from draftpipe.config import validate_config
+    from draftpipe.plan import plan
+
+    cfg = yaml.safe_load((REPO / "configs/kimi-k2.5.yaml").read_text())
+    validate_config(cfg)
+    shape = {"num_hidden_layers": 61, "vocab_size": 163840, "hidden_size": 7168}
+    sizes = {}
+    for dtype in ("bfloat16", "float8_e4m3fn"):
+        c = copy.deepcopy(cfg)
+        c["hidden_states"]["dtype"] = dtype
+        sizes[dtype] = plan(c, shape)
+    bf16, fp8 = sizes["bfloat16"], sizes["float8_e4m3fn"]
+    assert fp8["train_tokens"] == bf16["train_tokens"]
+    # per token: 4 states x (7168 one-byte values + a float32 scale) against 4 x 7168 x 2 bytes; id and mask 9 bytes
+    per_token = {"bfloat16": 4 * 7168 * 2 + 9, "float8_e4m3fn": 4 * (7168 + 4) + 9}
+    assert bf16["hidden_state_bytes"] == bf16["train_tokens"] * per_token["bfloat16"]
+    assert fp8["hidden_state_bytes"] == fp8["train_tokens"] * per_token["float8_e4m3fn"]
+    assert 0.50 < fp8["hidden_state_bytes"] / bf16["hidden_state_bytes"] < 0.501
