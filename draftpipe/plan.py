@@ -142,7 +142,8 @@ def format_plan(p: dict) -> str:
     return (
         f"draftpipe plan (upper bounds): {p['prompts']} prompts -> {p['train_samples']} training samples x "
         f"<= {p['tokens_per_sample']} tokens = {p['train_tokens']:,} tokens; hidden states "
-        f"({p['aux_states']} x {p['hidden_size']} x {p['dtype']} per token) {human(p['hidden_state_bytes'])}; "
+        f"({p['aux_states']} x {p['hidden_size']} x {p['dtype']}"
+        f"{' + a float32 scale each' if p['dtype'] in SCALE_BYTES else ''} per token) {human(p['hidden_state_bytes'])}; "
         f"completions {human(p['completion_bytes'])}; disk needed {human(p['disk_bytes'])}\n"
         f"hidden_states engine: vLLM extract_hidden_states, tensor parallel {p['engine_tp']}; hidden-state cache "
         f"{human(p['state_cache_bytes_per_token'])} per token on every GPU"
