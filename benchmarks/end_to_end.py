@@ -23,8 +23,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_FILES = ("Snakefile", "config.yaml", "rules", "scripts", "profiles", "configs", "draftpipe", "envs")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from noop_dryrun import copy_workflow  # noqa: E402
 
 
 def stage_seconds(results: Path) -> dict[str, float]:
@@ -46,14 +46,7 @@ def main() -> None:
     ap.add_argument("--keep", help="copy the results tree here afterwards")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp) / "wf"
-        work.mkdir()
-        for name in WORKFLOW_FILES:
-            src = REPO / name
-            if src.is_dir():
-                shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("__pycache__"))
-            else:
-                shutil.copy2(src, work / name)
+        work = copy_workflow(Path(tmp) / "wf")
         cmd = [sys.executable, "-m", "snakemake", args.target, "--cores", "all"]
         if args.config:
             cmd += ["--config", *args.config]

@@ -51,9 +51,8 @@ def write_tiny_shard(path: Path) -> None:
     write_shard(str(path), [sample], {"aux_layer_ids": [1, 2, 4], "hidden_size": 8})
 
 
-def up_to_date_tree(root: Path, shards: int) -> Path:
-    """A copy of the workflow with `shards` shards whose every artifact exists and is recorded as up to date."""
-    work = root / f"wf_{shards}"
+def copy_workflow(work: Path) -> Path:
+    """A copy of the workflow's files (no results) in the new directory ``work``, for a benchmark to run in."""
     work.mkdir(parents=True)
     for name in WORKFLOW_FILES:
         src = REPO / name
@@ -61,6 +60,12 @@ def up_to_date_tree(root: Path, shards: int) -> Path:
             shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, work / name)
+    return work
+
+
+def up_to_date_tree(root: Path, shards: int) -> Path:
+    """A copy of the workflow with `shards` shards whose every artifact exists and is recorded as up to date."""
+    work = copy_workflow(root / f"wf_{shards}")
     cfg = yaml.safe_load((work / "config.yaml").read_text())
     cfg["prompts"]["num_shards"] = shards
     (work / "config.yaml").write_text(yaml.safe_dump(cfg))

@@ -44,7 +44,7 @@ from typing import Any
 from draftpipe import attention
 from draftpipe.chat import common_template
 from draftpipe.gates import check_finite_loss
-from draftpipe.hidden_states import KEYS, dequantize_sample, iter_shard, read_shard_metadata
+from draftpipe.hidden_states import SCALE_KEYS, dequantize_sample, iter_shard, read_shard_metadata
 from draftpipe.io import atomic_dir, atomic_path, write_json
 from draftpipe.progress import Progress
 from draftpipe.ranks import StepBatchSampler, check_batches_per_step, init_ranks, launch
@@ -121,7 +121,9 @@ def _dataset_class():
         def _get_raw_data(self, index):
             # float8 states times their scales, in the training dtype (hidden_states.dtype float8_e4m3fn)
             sample = {k: v.clone() for k, v in self.samples[index].items()}
-            return dequantize_sample(sample, self.hidden_states_dtype) if len(sample) > len(KEYS) else sample
+            return (
+                dequantize_sample(sample, self.hidden_states_dtype) if SCALE_KEYS["hidden_states"] in sample else sample
+            )
 
     return ShardDataset
 
