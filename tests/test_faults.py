@@ -5,8 +5,9 @@ whole group (Snakemake, its job scripts, vLLM's engine processes) is SIGKILLed a
 killed yet is part-way:
 
 - ``verifier``, ``prompt_shard``, ``vocab_maps``: a job script of the stage is running;
-- ``completions``, ``hidden_states``: a job is computing the stage's shards with one shard finished in its store
-  (``draftpipe/stage.py``) and another still to do (for hidden states, the vLLM engine is extracting the second
+- ``completions``, ``hidden_states``: a job of the stage is running with one shard finished in its store
+  (``draftpipe/stage.py``) and another still to do (for completions, the second shard's job is loading its own
+  engine, ``resources.completions.share_engine`` false; for hidden states, the vLLM engine is extracting the second
   shard in calls of 256 tokens, ``resources.hidden_states.batch_tokens``, as in the ``built`` run);
 - ``draft``: training runs and its first epoch checkpoint is complete.
 
@@ -184,6 +185,14 @@ def test_a_kill_in_every_stage_ends_in_the_uninterrupted_artifacts(built, tmp_pa
     # small vLLM calls for hidden states, as in the `built` run: they stretch the time between the stage's first
     # and last finished shard, where the kill lands
     small_extraction_calls(work)
+    # one engine per completions job (resources.completions.share_engine false, which shapes no artifact): the first
+    # shard is stored while the second job loads its engine, a window of a minute; with one shared engine it is
+    # the second shard's generation alone, about a second on this tiny verifier, too short to land a kill in on a
+    # loaded machine
+    cfg = work / "config.yaml"
+    line = "  completions: {gpus: 0, threads: 2, mem_mb: 8000, runtime: 120}"
+    assert line in cfg.read_text()
+    cfg.write_text(cfg.read_text().replace(line, line[:-1] + ", share_engine: false}"))
     todo, kills, finished = set(STAGES), [], {}
     run = Run(work, tmp_path / "run1.log")
     while todo:
