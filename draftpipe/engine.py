@@ -33,20 +33,20 @@ def engine_kwargs(verifier: str, *, dtype: str, max_model_len: int, seed: int, e
     return kwargs
 
 
-def release_mkl_threads() -> str | None:
-    """Remove ``MKL_NUM_THREADS`` from this process's environment, which vLLM's CPU workers inherit; return the
-    value removed (None when unset).
+def release_mkl_threads() -> None:
+    """Remove ``MKL_NUM_THREADS`` (if set) from this process's environment, which vLLM's CPU workers inherit.
 
     Snakemake sets it (with ``OMP_NUM_THREADS`` and the other BLAS thread counts) to a job's ``threads``. vLLM's CPU
     worker binds its OpenMP threads to the cores it keeps for the model (``VLLM_CPU_OMP_THREADS_BIND=auto``: all
     but the one it reserves for the engine, ``vllm/v1/worker/cpu_worker.py``) and sets torch's thread count to
     them, but an explicit ``MKL_NUM_THREADS`` overrides that count for MKL's kernels, which then run more threads
     than the worker has cores. On 2 cores (the worker bound to one) a job's ``MKL_NUM_THREADS=2`` made vLLM generate
-    6x slower: 300 against 1,860 tokens/s for the embedded default's first completions shard (28,178 tokens,
-    94 s against 15 s); ``OMP_NUM_THREADS=2`` alone costs nothing. Without the variable MKL follows the worker's
+    6x slower on the embedded default's first completions shard (28,178 tokens): 94 s (300 tokens/s) under a
+    Snakemake rule against 15 s (1,860 tokens/s) outside Snakemake, and 1,879 tokens/s under Snakemake without the
+    variable; ``OMP_NUM_THREADS=2`` alone costs nothing. Without the variable MKL follows the worker's
     OpenMP count. Outside vLLM (the draft job) the variable stays as Snakemake set it.
     """
-    return os.environ.pop("MKL_NUM_THREADS", None)
+    os.environ.pop("MKL_NUM_THREADS", None)
 
 
 # the MLA dimensions AMX_MLA's packed-weight kernels take in multiples of 32 only (convert_weight_packed: "invalid

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
-from workflow import copy_workflow, small_extraction_calls, snakemake
+from workflow import copy_workflow, set_resources, small_extraction_calls, snakemake
 
 from draftpipe.draft import latest_checkpoint
 from draftpipe.io import sha256_file
@@ -189,10 +189,7 @@ def test_a_kill_in_every_stage_ends_in_the_uninterrupted_artifacts(built, tmp_pa
     # shard is stored while the second job loads its engine, a window of a minute; with one shared engine it is
     # the second shard's generation alone, about a second on this tiny verifier, too short to land a kill in on a
     # loaded machine
-    cfg = work / "config.yaml"
-    line = "  completions: {gpus: 0, threads: 2, mem_mb: 8000, runtime: 120}"
-    assert line in cfg.read_text()
-    cfg.write_text(cfg.read_text().replace(line, line[:-1] + ", share_engine: false}"))
+    set_resources(work, "completions", share_engine=False)
     todo, kills, finished = set(STAGES), [], {}
     run = Run(work, tmp_path / "run1.log")
     while todo:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -25,17 +26,26 @@ def copy_workflow(dest: Path) -> Path:
     return dest
 
 
-HIDDEN_STATES_RESOURCES = "  hidden_states: {gpus: 0, threads: 2, mem_mb: 8000, runtime: 120}"
+def set_resources(workdir: Path, stage: str, **values) -> None:
+    """Add ``values`` to ``resources.<stage>`` in this copy's ``config.yaml`` (a text edit of the stage's one-line
+    flow mapping, so the rest of the file, comments included, stays as it is). Resources shape no artifact."""
+    cfg = workdir / "config.yaml"
+    lines = cfg.read_text().splitlines(keepends=True)
+    pattern = re.compile(rf"^  {re.escape(stage)}: \{{(.*)\}}$")
+    hits = [i for i, line in enumerate(lines) if pattern.match(line.rstrip("\n"))]
+    assert len(hits) == 1, f"config.yaml: no single resources line for {stage!r}"
+    line = lines[hits[0]].rstrip("\n")
+    extra = ", ".join(f"{k}: {json.dumps(v)}" for k, v in values.items())  # JSON values are YAML flow values
+    lines[hits[0]] = f"{line[:-1]}, {extra}}}\n"
+    cfg.write_text("".join(lines))
+    assert yaml.safe_load(cfg.read_text())["resources"][stage].items() >= values.items()
 
 
 def small_extraction_calls(workdir: Path, tokens: int = 256) -> None:
     """Send hidden-state requests to vLLM in calls of ``tokens`` tokens in this copy (``resources.hidden_states.
     batch_tokens``, which shapes no artifact). vLLM's states depend on the batch at the last bit, so runs whose
     bytes are compared use the same calls; small calls also stretch the extraction of each shard."""
-    cfg = workdir / "config.yaml"
-    text = cfg.read_text()
-    assert HIDDEN_STATES_RESOURCES in text
-    cfg.write_text(text.replace(HIDDEN_STATES_RESOURCES, HIDDEN_STATES_RESOURCES[:-1] + f", batch_tokens: {tokens}}}"))
+    set_resources(workdir, "hidden_states", batch_tokens=tokens)
 
 
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
