@@ -49,7 +49,7 @@ def build_data(out: Path) -> tuple[str, list[str], str]:
     from draftpipe.vocab import build_maps, count_tokens, write_maps
 
     verifier = out / "verifier"
-    convert_gguf(REPO / "draftpipe/data/stories260K/stories260K.gguf", verifier)
+    convert_gguf(REPO / "draftpipe/data/stories260K/stories260K.gguf", verifier, max_position_embeddings=512)
     tok = AutoTokenizer.from_pretrained(str(verifier))
     model = load_verifier_model(str(verifier), "float32")
     n = model.config.num_hidden_layers

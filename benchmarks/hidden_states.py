@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             from draftpipe.verifier import convert_gguf
 
             verifier = str(Path(tmp) / "stories260K")
-            convert_gguf(REPO / "draftpipe/data/stories260K/stories260K.gguf", verifier)
+            convert_gguf(REPO / "draftpipe/data/stories260K/stories260K.gguf", verifier, max_position_embeddings=512)
         rows_file = Path(tmp) / "rows.jsonl"
         rows_file.write_text("".join(json.dumps(r) + "\n" for r in _rows(verifier, args.completions, args.rows)))
         results = {}

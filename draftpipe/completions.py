@@ -28,6 +28,7 @@ from draftpipe.chat import (  # noqa: F401  (encode_prompt and the errors are pa
 from draftpipe.engine import engine_kwargs, is_cpu_build, open_engine  # noqa: F401
 from draftpipe.progress import vllm_progress
 from draftpipe.prompts import record_where
+from draftpipe.tokenizer_check import check_decoded, check_round_trip
 
 TOO_LONG_POLICIES = ("drop", "truncate", "error")
 
@@ -227,6 +228,36 @@ def request_seed(base_seed: int, prompt_id: str) -> int:
     return int(hashlib.sha256(f"{base_seed}:{prompt_id}".encode()).hexdigest()[:8], 16)
 
 
+def prompt_texts(records: list[dict]):
+    """``(where, text)`` for every string ``content`` of every message of prompt records, ``where`` naming the
+    prompt (:func:`draftpipe.prompts.record_where`: source file and line, and id) and the message: what the
+    tokenizer gate (:func:`draftpipe.tokenizer_check.check_round_trip`) checks."""
+    for rec in records:
+        for i, msg in enumerate(rec.get("messages") or []):
+            content = msg.get("content") if isinstance(msg, dict) else None
+            if isinstance(content, str):
+                yield f"prompt {record_where(rec)}, message {i}", content
+
+
+def tokenizer_gate(verifier: str, records: list[dict], chat_template_file: str | None = None) -> int:
+    """The tokenizer gate of the completions stage, before its engine starts: the verifier's tokenizer must give
+    the text of every message of ``records`` back (:func:`draftpipe.tokenizer_check.check_round_trip`).
+
+    Args:
+        verifier: the verifier's Hugging Face directory or hub id.
+        records: prompt records (``id``, ``messages``, ``source``, ``line``).
+        chat_template_file: ``verifier.chat_template_file`` (as :func:`draftpipe.chat.verifier_tokenizer` takes it).
+
+    Returns:
+        How many texts were checked.
+
+    Raises:
+        draftpipe.tokenizer_check.TokenizerGateError: naming the verifier and the first prompt (file, line, id,
+            message) that does not come back.
+    """
+    return check_round_trip(verifier_tokenizer(verifier, chat_template_file), prompt_texts(records), verifier)
+
+
 def complete(
     llm: Any,
     records: list[dict],
@@ -284,11 +315,13 @@ def complete(
     from vllm import SamplingParams
 
     tokenizer = llm.get_tokenizer()
+    # the tokenizer gate: a tokenizer that loses the prompts' text stops the stage before any generation
+    check_round_trip(tokenizer, prompt_texts(records), verifier)
     if chat_template_file is not None or getattr(tokenizer, "chat_template", None):
         # conversations are rendered by a tokenizer of our own: vLLM's routes rendering to private copies
         # (vllm/tokenizers/hf.py), which a configured template would not reach
         tokenizer = verifier_tokenizer(verifier, chat_template_file)
-        return complete_conversations(
+        rows, stats = complete_conversations(
             llm,
             records,
             tokenizer,
@@ -303,6 +336,11 @@ def complete(
             reasoning=reasoning,
             progress=progress,
         )
+        check_decoded(
+            ((f"{r['id']} answer {i}", t["completion_text"]) for r in rows for i, t in enumerate(r["turns"])),
+            verifier,
+        )
+        return rows, stats
     template_sha = template_hash(getattr(tokenizer, "chat_template", None))
     kept, stats = prepare_prompts(
         records,
@@ -353,6 +391,7 @@ def complete(
                     "chat_template_sha256": template_sha,
                 }
             )
+    check_decoded(((f"{r['id']} sample {r['sample']}", r["completion_text"]) for r in rows), verifier)
     return rows, {**stats, "samples": len(rows)}
 
 

@@ -19,7 +19,13 @@ from draftpipe.io import cached_sha256, cached_sha256s
 from draftpipe.layout import DIGEST_CACHE
 from draftpipe.prompts import template_keys
 from draftpipe.ranks import draft_world_size
-from draftpipe.verifier import is_mla_config, load_verifier_config
+from draftpipe.verifier import (
+    check_gguf,
+    gguf_metadata,
+    is_mla_config,
+    load_verifier_config,
+    resolve_gguf_head_dim,
+)
 
 
 class ConfigError(ValueError):
@@ -177,19 +183,51 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def gguf_shape(path: str) -> dict:
-    """Read ``block_count``, ``embedding_length`` and the vocabulary size from a GGUF header (``gguf.GGUFReader``)."""
-    from gguf import GGUFReader
+    """``num_hidden_layers``, ``hidden_size`` and ``vocab_size`` from a GGUF header (``verifier.gguf_metadata``)."""
+    meta = gguf_metadata(path)
+    return {k: meta[k] for k in ("num_hidden_layers", "vocab_size", "hidden_size")}
 
-    reader = GGUFReader(path)
-    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    fld = reader.fields[f"{arch}.block_count"]
-    num_layers = int(fld.parts[fld.data[0]][0])
-    tokens = reader.fields["tokenizer.ggml.tokens"]
-    emb = reader.fields[f"{arch}.embedding_length"]
+
+def gguf_conversion(config: dict, resolved: dict) -> dict:
+    """How the ``verifier`` rule converts a GGUF verifier, checked when the workflow is read.
+
+    Args:
+        config: the validated config (``verifier.gguf_head_dim``, ``verifier.gguf_max_position_embeddings``,
+            ``verifier.dtype``, ``verifier.chat_template``, ``verifier.chat_template_file``).
+        resolved: a ``{"kind": "gguf", "path": ...}`` verifier (``verifier.resolve_verifier``).
+
+    Returns:
+        ``head_dim`` (:func:`draftpipe.verifier.resolve_gguf_head_dim`), ``max_position_embeddings`` (the configured
+        one, else the GGUF's ``context_length``), ``dtype`` (``verifier.dtype``; ``auto``: float32), ``original_head_dim``, ``tokenizer_model``,
+        ``chat_template`` (whether the GGUF has one) and ``quantized`` (its quantized tensor types, which the
+        conversion dequantizes to ``dtype``).
+
+    Raises:
+        ConfigError: another architecture or tokenizer model than the conversion takes (naming ``verifier.path``
+            and the file), a ``verifier.gguf_head_dim`` that is no multiple of the model's, or
+            ``verifier.chat_template: required`` for a GGUF without ``tokenizer.chat_template`` and no
+            ``verifier.chat_template_file``.
+    """
+    v = config.get("verifier") or {}
+    try:
+        meta = gguf_metadata(resolved["path"])
+        check_gguf(meta, resolved["path"], field="verifier.path")
+        head_dim = resolve_gguf_head_dim(v.get("gguf_head_dim"), meta["head_dim"])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if v.get("chat_template") == "required" and not meta["chat_template"] and not v.get("chat_template_file"):
+        raise ConfigError(
+            f"verifier.chat_template: 'required', but the GGUF {resolved['path']} has no chat template "
+            "(tokenizer.chat_template) and verifier.chat_template_file is not set"
+        )
     return {
-        "num_hidden_layers": num_layers,
-        "vocab_size": len(tokens.data),
-        "hidden_size": int(emb.parts[emb.data[0]][0]),
+        "head_dim": head_dim,
+        "max_position_embeddings": v.get("gguf_max_position_embeddings") or meta["context_length"],
+        "dtype": "float32" if v.get("dtype") in (None, "auto") else v["dtype"],
+        "original_head_dim": meta["head_dim"],
+        "tokenizer_model": meta["tokenizer_model"],
+        "chat_template": meta["chat_template"] is not None,
+        "quantized": meta["quantized"],
     }
 
 
@@ -273,9 +311,13 @@ def check_against_verifier(config: dict, resolved: dict) -> None:
         )
     v = config.get("verifier") or {}
     if resolved["kind"] == "gguf":
-        ctx = v.get("gguf_max_position_embeddings")
-        cfg, where = None, "verifier.gguf_max_position_embeddings"
-        key = "max_position_embeddings"
+        ctx = gguf_conversion(config, resolved)["max_position_embeddings"]
+        cfg = None
+        where = (
+            "verifier.gguf_max_position_embeddings"
+            if v.get("gguf_max_position_embeddings")
+            else "the GGUF's context_length; verifier.gguf_max_position_embeddings sets another"
+        )
     else:
         cfg = load_verifier_config(resolved.get("config_path") or resolved["path"], text=True)
         ctx, key = served_context(cfg)
@@ -363,11 +405,15 @@ def model_dir_identity(model_dir: str | Path, cache_file: str | Path | None = DI
     }
 
 
-def verifier_identity(resolved: dict, config: dict, cache_file: str | Path | None = DIGEST_CACHE) -> dict:
+def verifier_identity(
+    resolved: dict, config: dict, cache_file: str | Path | None = DIGEST_CACHE, gguf: dict | None = None
+) -> dict:
     """What identifies the verifier, for ``params:`` (a change reruns everything the verifier shapes; a touch, or
     the same bytes copied elsewhere, reruns nothing).
 
-    - GGUF: the file's SHA-256 and the conversion settings (the converted directory is an artifact of its own).
+    - GGUF: the file's SHA-256 and the conversion settings (the converted directory is an artifact of its own):
+      ``gguf`` (:func:`gguf_conversion`, what the settings resolve to for this file) where given, else the
+      configured ``verifier.gguf_head_dim`` and ``verifier.gguf_max_position_embeddings``.
     - local directory: its path and :func:`model_dir_identity` (config, tokenizer, chat template and weights by
       content).
     - hub id: the id and the configured revision and, when the model is in the local hub cache, the snapshot's
@@ -381,8 +427,10 @@ def verifier_identity(resolved: dict, config: dict, cache_file: str | Path | Non
     if resolved["kind"] == "gguf":
         return {
             "gguf_sha256": cached_sha256(resolved["path"], cache_file),
-            "head_dim": v.get("gguf_head_dim"),
-            "max_position_embeddings": v.get("gguf_max_position_embeddings"),
+            "head_dim": (gguf or {}).get("head_dim", v.get("gguf_head_dim")),
+            "max_position_embeddings": (gguf or {}).get(
+                "max_position_embeddings", v.get("gguf_max_position_embeddings")
+            ),
         }
     if resolved["kind"] == "local":
         return {"path": str(resolved["path"]), **model_dir_identity(resolved["path"], cache_file)}
@@ -409,7 +457,8 @@ def report_title(config: dict, resolved: dict) -> str:
 
 
 def check_config(config: dict, resolved: dict) -> dict[str, Any]:
-    """Check values against the verifier and the file system; return derived values (aux ids, shape).
+    """Check values against the verifier and the file system; return derived values (aux ids, shape and, for a
+    GGUF verifier, ``gguf``: how it is converted, :func:`gguf_conversion`).
 
     Checked: every ``prompts.sources[i].path``, ``bench.prompt_sets[i].path`` and ``verifier.chat_template_file``
     is a file (the template may also name a template of the package), no source is listed twice with the same field,
@@ -468,6 +517,7 @@ def check_config(config: dict, resolved: dict) -> dict[str, Any]:
     for i, src in enumerate((config.get("bench") or {}).get("prompt_sets") or []):
         if not Path(src["path"]).is_file():
             raise ConfigError(f"bench.prompt_sets[{i}].path: {src['path']} does not exist")
+    gguf = gguf_conversion(config, resolved) if resolved["kind"] == "gguf" else None
     shape = verifier_shape(resolved)
     field = "hidden_states.aux_layer_ids"
     try:
@@ -479,7 +529,7 @@ def check_config(config: dict, resolved: dict) -> dict[str, Any]:
     vd = config["vocab"].get("draft_vocab_size") or shape["vocab_size"]
     if vd > shape["vocab_size"]:
         raise ConfigError(f"vocab.draft_vocab_size: {vd} exceeds the verifier's vocabulary of {shape['vocab_size']}")
-    return {"aux_layer_ids": aux, "draft_vocab_size": vd, **shape}
+    return {"aux_layer_ids": aux, "draft_vocab_size": vd, **shape, **({"gguf": gguf} if gguf else {})}
 
 
 if __name__ == "__main__":

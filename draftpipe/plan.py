@@ -87,6 +87,9 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: d
     records = chars = 0
     for src in config["prompts"]["sources"]:
         n, b = count_source(src["path"])
+        cap = src.get("max_records")
+        if cap is not None and n > cap:  # the source's first records only: its text prorated
+            n, b = cap, b * cap // n
         records += n
         chars += b
     prompt_tokens = (chars / records / CHARS_PER_TOKEN) if records else 0.0
@@ -125,6 +128,7 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: d
         "draft_gpus": int(config["resources"]["draft"]["gpus"]),
         "draft_batches_per_step": int(config["draft"]["batches_per_step"]),
         "draft_batch_tokens": int(config["draft"]["batches_per_step"]) * int(config["draft"]["total_seq_len"]),
+        "gguf": shape.get("gguf"),
     }
 
 
@@ -135,6 +139,25 @@ def human(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} PiB"
+
+
+def gguf_line(g: dict) -> str:
+    """What the ``verifier`` rule makes of a GGUF (:func:`draftpipe.config.gguf_conversion`), for the plan."""
+    quant = (
+        f"its {', '.join(g['quantized'])} tensors dequantized to {g['dtype']}"
+        if g["quantized"]
+        else f"weights in {g['dtype']}"
+    )
+    heads = (
+        f"head_dim {g['original_head_dim']} -> {g['head_dim']} (exact re-parameterisation)"
+        if g["head_dim"] != g["original_head_dim"]
+        else f"head_dim {g['head_dim']}"
+    )
+    template = "its chat template kept" if g["chat_template"] else "no chat template (prompts as plain text)"
+    return (
+        f"\nverifier: GGUF converted to a Hugging Face directory, {quant}; {g['tokenizer_model']} tokenizer, "
+        f"{template}; {heads}; context {g['max_position_embeddings']:,}"
+    )
 
 
 def format_plan(p: dict) -> str:
@@ -161,6 +184,7 @@ def format_plan(p: dict) -> str:
             if "draft_ranks" in p
             else ""
         )
+        + (gguf_line(p["gguf"]) if p.get("gguf") else "")
     )
 
 

@@ -441,6 +441,32 @@ def _keys_of(obj: dict) -> str:
     return ", ".join(repr(k) for k in sorted(obj)) or "none"
 
 
+def _is_key_path(name: str) -> bool:
+    """A record key or a nested key's dotted path (``instances.0.input``): identifiers and list indexes."""
+    parts = name.split(".")
+    return bool(parts) and parts[0].isidentifier() and all(p.isidentifier() or p.isdigit() for p in parts[1:])
+
+
+_MISSING = object()
+
+
+def lookup(obj: Any, key: str) -> Any:
+    """A record's value under ``key``: a top-level key, or a nested key's dotted path through objects and lists
+    (``instances.0.input``: the ``input`` of the first of the ``instances``, as in Alpaca's seed tasks). A top-level
+    key that holds dots itself wins. Returns :data:`_MISSING` when the path leads nowhere."""
+    if isinstance(obj, dict) and key in obj:
+        return obj[key]
+    value = obj
+    for part in key.split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return _MISSING
+    return value
+
+
 def template_keys(template: str) -> list[str]:
     """The record keys a source's ``template`` names (``"{instruction}\\n\\n{input}"`` -> ``["instruction",
     "input"]``), in order, each once.
@@ -456,7 +482,8 @@ def template_keys(template: str) -> list[str]:
         for _, name, spec, conversion in string.Formatter().parse(template):
             if name is None:
                 continue
-            if not name.isidentifier() or spec or conversion:
+            if not _is_key_path(name) or spec or conversion:
+                # a nested key's dotted path ({instances.0.input}) is a plain key too (lookup)
                 raise ValueError(f"{{{name}}} is not a plain key (write {{key}} with a record key's name)")
             if name not in keys:
                 keys.append(name)
@@ -496,35 +523,78 @@ def mapped_text(obj: dict, where: str, src: dict) -> str | None:
         return None
     found = _keys_of(obj)
     template = src.get("template")
+    got = {k: lookup(obj, k) for k in keys}
     if len(keys) == 1 and not template:
-        if keys[0] not in obj:
+        if got[keys[0]] is _MISSING:
             raise PromptFormatError(f"{where}: record has no key {keys[0]!r} (its keys: {found})")
-    elif not template and not any(k in obj for k in keys):
+    elif not template and all(v is _MISSING for v in got.values()):
         raise PromptFormatError(
             f"{where}: record has none of the keys {', '.join(map(repr, keys))} (its keys: {found})"
         )
-    values = {}
+    values = []
     for k in keys:
-        if template and k not in obj:
+        v = got[k]
+        if template and v is _MISSING:
             raise PromptFormatError(f"{where}: record has no key {k!r}, which the template names (its keys: {found})")
-        v = obj.get(k)
+        v = None if v is _MISSING else v
         if v is not None and not isinstance(v, str):
             raise PromptFormatError(f"{where}: {k!r} must be a string, got {json_type(v)}")
-        values[k] = v or ""
+        values.append(v or "")
     if template:
-        return template.format_map(values)
-    return "\n\n".join(v for v in values.values() if v.strip())
+        # each field by position: a nested key's path ({instances.0.input}) is no str.format field name
+        return _positional(template, keys).format(*values)
+    return "\n\n".join(v for v in values if v.strip())
+
+
+def _positional(template: str, keys: list[str]) -> str:
+    """``template`` with each ``{key}`` replaced by ``{i}``, ``i`` the key's index in ``keys``; literal braces kept."""
+    import string
+
+    out = []
+    for literal, name, _, _ in string.Formatter().parse(template):
+        out.append(literal.replace("{", "{{").replace("}", "}}"))
+        if name is not None:
+            out.append(f"{{{keys.index(name)}}}")
+    return "".join(out)
+
+
+#: Keys that label a record rather than hold its text (Alpaca seed tasks' ``name: breakfast_suggestion``): a value
+#: under one of them without whitespace is no text a prompt leaves out.
+LABEL_KEYS = frozenset({"name", "title", "category", "type", "task", "source", "tag", "lang", "language", "split"})
+
+
+def _text_paths(value: Any, path: str):
+    """``(dotted path, text)`` of every non-empty string in a record's value, through nested objects and lists."""
+    if isinstance(value, str):
+        if value.strip():
+            yield path, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _text_paths(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _text_paths(v, f"{path}.{i}")
 
 
 def ignored_text_keys(obj: dict, src: dict, used: tuple[str, ...]) -> list[str]:
-    """The keys of a plain-text record that hold non-empty text the prompt leaves out: not read by the mapping
-    (``used``), not an answer key (:data:`ANSWER_KEYS`), not ``id`` or ``*_id``, not in the source's ``ignore``."""
-    skip = set(used) | ANSWER_KEYS | set(src.get("ignore") or ())
-    return [
-        k
-        for k, v in obj.items()
-        if isinstance(v, str) and v.strip() and k not in skip and k != "id" and not k.endswith("_id")
-    ]
+    """The keys of a plain-text record that hold non-empty text the prompt leaves out, by the key (or the nested
+    key's dotted path, ``instances.0.input``) that holds it: not read by the mapping (``used``), not an answer key
+    (:data:`ANSWER_KEYS`, at any depth), not ``id`` or ``*_id``, not a label without whitespace
+    (:data:`LABEL_KEYS`), not in the source's ``ignore`` (a key there silences everything under it)."""
+    skip = set(used) | set(src.get("ignore") or ())
+    found = []
+    for k, v in obj.items():
+        for path, text in _text_paths(v, k):
+            parts = path.split(".")
+            names = [p for p in parts if not p.isdigit()]
+            if any(".".join(parts[:n]) in skip for n in range(1, len(parts) + 1)):
+                continue
+            if any(n in ANSWER_KEYS or n == "id" or n.endswith("_id") for n in names):
+                continue
+            if names[-1] in LABEL_KEYS and not any(c.isspace() for c in text):
+                continue
+            found.append(path)
+    return found
 
 
 def normalise_record(
@@ -598,7 +668,8 @@ def load_prompts(sources: Iterable[dict], system_prompt: str | None = None) -> t
 
     Args:
         sources: dicts with ``path`` and an optional mapping of plain-text records: ``field`` (a key or a list of
-            keys, :func:`mapped_text`) or ``template``; ``ignore`` lists keys whose text is no part of the prompt.
+            keys, :func:`mapped_text`; a nested key by its dotted path, :func:`lookup`) or ``template``; ``ignore``
+            lists keys whose text is no part of the prompt; ``max_records`` reads only the source's first records.
         system_prompt: ``prompts.system_prompt``: the first turn of every record without a system turn (part of
             the record, so of its id and of the prompt set's fingerprint).
 
@@ -625,7 +696,10 @@ def load_prompts(sources: Iterable[dict], system_prompt: str | None = None) -> t
         ignored_at: dict[str, str] = {}
         used = mapping_keys(src)
         explicit_ids: dict[str, tuple[str, str]] = {}
+        cap = src.get("max_records")
         for number, obj in iter_source_rows(path):
+            if cap is not None and counts["read"] >= cap:
+                break  # prompts.sources[i].max_records: the source's first records only
             counts["read"] += 1
             where = source_location(path, number)
             messages = normalise_record(obj, where, src.get("field"), src.get("template"))

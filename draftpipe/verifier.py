@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import math
 import os
@@ -26,14 +27,20 @@ import tempfile
 from pathlib import Path
 
 from draftpipe.io import atomic_dir, sha256_file
+from draftpipe.tokenizer_check import check_round_trip
 
 __all__ = [
     "BAD_GGUF_METADATA_KEYS",
+    "CPU_ATTENTION_HEAD_SIZES",
+    "UnsupportedGGUFError",
     "VerifierNotFoundError",
     "build_random_verifier",
+    "check_gguf",
     "convert_gguf",
+    "gguf_metadata",
     "load_verifier_config",
     "reparameterize_head_dim",
+    "resolve_gguf_head_dim",
     "resolve_verifier",
     "strip_gguf_metadata",
 ]
@@ -408,30 +415,240 @@ def _float32_shortest(x: float) -> float:
     return float(str(np.float32(x)))
 
 
+#: GGUF architectures :func:`convert_gguf` converts (``general.architecture``): transformers' Llama loader.
+GGUF_ARCHITECTURES = ("llama",)
+#: GGUF tokenizer models (``tokenizer.ggml.model``) transformers' GGUF loader rebuilds: SentencePiece-style
+#: ``llama`` (Llama 1/2, llama2.c) and byte-level BPE ``gpt2`` (Llama 3, SmolLM2, most recent models).
+GGUF_TOKENIZER_MODELS = ("llama", "gpt2")
+#: Head sizes vLLM's CPU attention kernels take (``vllm/v1/attention/backends/cpu_attn.py``
+#: ``get_supported_head_sizes``, vLLM 0.32; tiny-verifier.md §4); GPU backends take these too.
+CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+#: GGUF tensor types that hold plain floats; any other type (Q4_1, Q8_0, ...) is a quantized tensor.
+_FLOAT_GGUF_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+class UnsupportedGGUFError(ValueError):
+    """A GGUF that :func:`convert_gguf` cannot convert faithfully; the message names the file and the field."""
+
+
+def _gguf_value(reader, key: str):
+    field = reader.get_field(key)
+    if field is None:
+        return None
+    value = field.contents()
+    return value
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_metadata(path: str, size: int, mtime_ns: int) -> dict:
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path, "r")
+    except Exception as exc:  # gguf raises ValueError, struct.error, IndexError ... on a file that is not GGUF
+        raise UnsupportedGGUFError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+    arch = _gguf_value(reader, "general.architecture")
+
+    def num(key: str):
+        value = _gguf_value(reader, f"{arch}.{key}")
+        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    hidden, heads = num("embedding_length"), num("attention.head_count")
+    head_dim = num("attention.key_length") or (hidden // heads if hidden and heads else None)
+    types = sorted({t.tensor_type.name for t in reader.tensors})
+    template = _gguf_value(reader, "tokenizer.chat_template")
+    return {
+        "architecture": arch,
+        "name": _gguf_value(reader, "general.name"),
+        "tokenizer_model": _gguf_value(reader, "tokenizer.ggml.model"),
+        "chat_template": template if isinstance(template, str) and template.strip() else None,
+        "add_bos_token": _gguf_value(reader, "tokenizer.ggml.add_bos_token"),
+        "context_length": num("context_length"),
+        "hidden_size": hidden,
+        "num_hidden_layers": num("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": num("attention.head_count_kv") or heads,
+        "head_dim": head_dim,
+        "vocab_size": len(tokens.data) if tokens is not None else None,
+        "tensor_types": types,
+        "quantized": [t for t in types if t not in _FLOAT_GGUF_TYPES],
+    }
+
+
+def gguf_metadata(path: str | os.PathLike) -> dict:
+    """What a GGUF's header says about its model and tokenizer (read once per file version; no tensor is read).
+
+    Args:
+        path: a ``.gguf`` file.
+
+    Returns:
+        ``architecture`` (``general.architecture``), ``name``, ``tokenizer_model`` (``tokenizer.ggml.model``:
+        ``llama`` or ``gpt2``), ``chat_template`` (``tokenizer.chat_template``, None when absent or blank),
+        ``add_bos_token`` (None when absent), ``context_length``, ``hidden_size``, ``num_hidden_layers``,
+        ``num_attention_heads``, ``num_key_value_heads``, ``head_dim`` (``attention.key_length``, else hidden size
+        / heads), ``vocab_size`` (tokens), ``tensor_types`` (sorted names, e.g. ``["F32", "Q4_1", "Q8_0"]``) and
+        ``quantized`` (the types that are not plain floats). For stories260K: llama, llama, None, None, 2048, 64,
+        5, 8, 4, 8, 512, ``["F32"]``, ``[]``; for SmolLM2-135M-Instruct Q4_1: llama, gpt2, its ChatML template,
+        False, 8192, 576, 30, 9, 3, 64, 49152.
+
+    Raises:
+        UnsupportedGGUFError (a ValueError): the file is not a readable GGUF, naming it.
+        OSError: the file cannot be read.
+    """
+    st = os.stat(path)
+    return dict(_gguf_metadata(os.fspath(path), st.st_size, st.st_mtime_ns))
+
+
+def check_gguf(meta: dict, path: str, field: str = "verifier.path") -> None:
+    """Refuse a GGUF that :func:`convert_gguf` would convert wrongly: another architecture than Llama, or a
+    tokenizer model transformers' GGUF loader does not rebuild (:data:`GGUF_TOKENIZER_MODELS`).
+
+    Args:
+        meta: :func:`gguf_metadata` of the file.
+        path: the file, for the message.
+        field: the config key that named it.
+
+    Raises:
+        UnsupportedGGUFError: naming ``field``, the file, the GGUF key and its value.
+    """
+    arch = meta.get("architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise UnsupportedGGUFError(
+            f"{field}: {path} is a GGUF of architecture {arch!r} (general.architecture); the conversion takes "
+            f"{', '.join(GGUF_ARCHITECTURES)}. Give the model as a Hugging Face directory instead"
+        )
+    tok = meta.get("tokenizer_model")
+    if tok not in GGUF_TOKENIZER_MODELS:
+        raise UnsupportedGGUFError(
+            f"{field}: {path} has tokenizer model {tok!r} (tokenizer.ggml.model), which transformers' GGUF loader "
+            f"does not rebuild (it knows {', '.join(GGUF_TOKENIZER_MODELS)}); give the model as a Hugging Face "
+            "directory with its tokenizer files instead"
+        )
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "vocab_size"):
+        if not meta.get(key):
+            raise UnsupportedGGUFError(f"{field}: {path} does not say its {key} (a GGUF header key is missing)")
+
+
+def resolve_gguf_head_dim(requested: int | None, model_head_dim: int, field: str = "verifier.gguf_head_dim") -> int:
+    """The head dim a GGUF verifier is converted to (``verifier.gguf_head_dim``).
+
+    ``None`` (the default) keeps the model's head dim where vLLM's attention kernels take it
+    (:data:`CPU_ATTENTION_HEAD_SIZES`), else the smallest of those sizes that is a multiple of it (stories260K:
+    8 -> 32; SmolLM2-135M: 64 stays 64). A requested value must be a multiple of the model's head dim: the exact
+    re-parameterisation (:func:`reparameterize_head_dim`) places each RoPE pair on a wider head.
+
+    Args:
+        requested: the configured value, or None.
+        model_head_dim: the GGUF's head dim (:func:`gguf_metadata`).
+        field: the config key, for messages.
+
+    Returns:
+        The head dim to convert to.
+
+    Raises:
+        ValueError: ``requested`` is not a multiple of ``model_head_dim``, or no supported size is (None), naming
+            ``field`` and both values.
+    """
+    if requested is None:
+        if model_head_dim in CPU_ATTENTION_HEAD_SIZES:
+            return model_head_dim
+        fits = [d for d in CPU_ATTENTION_HEAD_SIZES if d % model_head_dim == 0]
+        if not fits:
+            raise ValueError(
+                f"{field}: the GGUF's head_dim {model_head_dim} is not one vLLM's CPU attention takes "
+                f"({', '.join(map(str, CPU_ATTENTION_HEAD_SIZES))}), and none of those is a multiple of it"
+            )
+        return fits[0]
+    if requested % model_head_dim:
+        multiples = [d for d in CPU_ATTENTION_HEAD_SIZES if d % model_head_dim == 0]
+        hint = f" (with kernels on CPU: {', '.join(map(str, multiples))})" if multiples else ""
+        raise ValueError(
+            f"{field}: {requested} is not a multiple of the GGUF's head_dim {model_head_dim}: the exact "
+            f"re-parameterisation widens each head by a whole factor. Use a multiple of {model_head_dim}{hint}, "
+            "or null for what the model needs"
+        )
+    return requested
+
+
+def _llama2c_tokenizer(build: Path, tokenizer, config, add_bos: bool, processors) -> None:
+    """The SentencePiece (``tokenizer.ggml.model: llama``) tokenizer of a llama2.c-style GGUF, which says nothing
+    of BOS: a ``<s>`` post-processor (llama2.c trained with BOS; llama.cpp's default for this vocabulary type) and a
+    ``LlamaTokenizer`` config (tiny-verifier.md §3 steps 5-6)."""
+    bos = tokenizer.bos_token
+    if add_bos:
+        tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0",
+            pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+            special_tokens=[(bos, tokenizer.convert_tokens_to_ids(bos))],
+        )
+    tokenizer.save_pretrained(build)
+    for extra in ("special_tokens_map.json", "added_tokens.json"):
+        with contextlib.suppress(FileNotFoundError):
+            (build / extra).unlink()
+    tok_cfg = {
+        "add_bos_token": add_bos,
+        "add_eos_token": False,
+        "bos_token": bos,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": tokenizer.eos_token,
+        "legacy": False,
+        "model_max_length": config.max_position_embeddings,
+        "pad_token": None,
+        "tokenizer_class": "LlamaTokenizer",
+        "unk_token": tokenizer.unk_token,
+    }
+    (build / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _loader_tokenizer(build: Path, tokenizer, config) -> None:
+    """Any other GGUF tokenizer as transformers' GGUF loader rebuilt it (its class, pre-tokenizer, decoder,
+    special tokens and ``tokenizer.chat_template``), saved as is; only its context is the model's."""
+    tokenizer.model_max_length = config.max_position_embeddings
+    tokenizer.save_pretrained(build)
+    path = build / "tokenizer_config.json"
+    tok_cfg = json.loads(path.read_text(encoding="utf-8"))
+    for key in ("is_local", "local_files_only", "name_or_path"):  # where it was read from, not what it is
+        tok_cfg.pop(key, None)
+    path.write_text(json.dumps(tok_cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+#: Texts every converted tokenizer must give back (:func:`draftpipe.tokenizer_check.check_round_trip`): spaces,
+#: newlines, digits, punctuation and a non-ASCII word, the things a wrong pre-tokenizer or decoder loses.
+PROBE_TEXTS = (
+    "Once upon a time, there was a little girl named Lily.",
+    "Carlos is planting a lemon tree. The tree will cost $90 to plant.\nEach year it grows 7 lemons.",
+    "Write a short poem about the sea:  two spaces, a tab\tand a caf\u00e9.",
+)
+
+
 def convert_gguf(
     gguf_path: str | os.PathLike,
     out_dir: str | os.PathLike,
-    head_dim: int | None = 32,
-    max_position_embeddings: int | None = 512,
+    head_dim: int | None | str = "auto",
+    max_position_embeddings: int | None = None,
+    dtype: str | None = None,
 ) -> dict:
-    """Convert a Llama GGUF (stories260K) into a plain Hugging Face directory that vLLM and transformers load.
+    """Convert a Llama-family GGUF into a plain Hugging Face directory that vLLM and transformers load.
 
-    Recipe (tiny-verifier.md §2-3, llama.cpp convert / transformers GGUF loader):
+    The model, tokenizer and chat template are what transformers' GGUF loader reads from the file
+    (``from_pretrained(..., gguf_file=...)``: it dequantizes Q4_1, Q8_0, ... tensors and rebuilds a ``llama``
+    (SentencePiece) or ``gpt2`` (byte-level BPE) tokenizer with the GGUF's ``tokenizer.chat_template``). Steps of our
+    own only where a model needs them (tiny-verifier.md §2-5):
 
-    1. copy the GGUF without ``tokenizer.ggml.padding_token_id`` / ``tokenizer.ggml.seperator_token_id``
-       (0xFFFFFFFF in llama.cpp's llama2.c conversion) into a temporary file (:func:`strip_gguf_metadata`);
-    2. load tokenizer and model with transformers ``from_pretrained(..., gguf_file=...)`` (needs gguf >= 0.10 and
-       accelerate), then rebuild a clean ``LlamaForCausalLM`` from a ``LlamaConfig`` without
-       ``quantization_config`` (a GGUF-flagged model refuses ``save_pretrained``), ``load_state_dict(strict=True)``:
-       weights bit-identical to the GGUF (float32, ``lm_head`` stored separately, ``tie_word_embeddings`` false);
-    3. ``max_position_embeddings`` = the trained context (512 for stories260K; the GGUF says 2048);
-    4. ``generation_config``: bos = the BOS id, ``eos_token_id = [bos, eos]`` ([1, 2]): llama2.c models end a story
-       with ``<s>`` and never emit ``</s>`` (§8);
-    5. ``tokenizer.json`` post-processor prepends ``<s>`` (llama2.c trained with BOS; the GGUF tokenizer does not
-       add it); ``tokenizer_config.json``: ``LlamaTokenizer``, ``add_bos_token`` true, ``add_eos_token`` false,
-       ``legacy`` false;
-    6. if ``head_dim`` differs from the model's: :func:`reparameterize_head_dim` (exact, §5; vLLM cpu_attn supported
-       head sizes start at 32).
+    1. copy the GGUF without ``tokenizer.ggml.padding_token_id`` / ``tokenizer.ggml.seperator_token_id`` when they
+       are 0xFFFFFFFF (llama.cpp's llama2.c conversion), which the loader would use as indices
+       (:func:`strip_gguf_metadata`);
+    2. rebuild a clean ``LlamaForCausalLM`` from a ``LlamaConfig`` without ``quantization_config`` (a GGUF-flagged
+       model refuses ``save_pretrained``), ``load_state_dict(strict=True)``, in ``dtype``;
+    3. ``max_position_embeddings`` as given (stories260K: its trained 512; the GGUF says 2048);
+    4. a SentencePiece tokenizer (``llama``): BOS prepended unless ``tokenizer.ggml.add_bos_token`` is false and a
+       ``LlamaTokenizer`` config; without a chat template (a llama2.c base model), ``eos_token_id = [bos, eos]``:
+       llama2.c models end a story with ``<s>`` and never emit ``</s>`` (§8). A ``gpt2`` tokenizer is saved as the
+       loader built it, chat template included (``chat_template.jinja``);
+    5. the head dim re-parameterised exactly where ``head_dim`` differs from the model's (:func:`reparameterize_head_dim`);
+    6. the saved tokenizer, read back, must give :data:`PROBE_TEXTS` back (the tokenizer gate,
+       :mod:`draftpipe.tokenizer_check`), and a GGUF chat template must be in the directory.
 
     The directory is built in a temporary sibling (``.<name>.tmp-*``) and renamed into place only when complete;
     an existing ``out_dir`` is replaced only then. Output bytes are deterministic for fixed package versions
@@ -440,22 +657,30 @@ def convert_gguf(
     Args:
         gguf_path: a Llama ``.gguf`` file, e.g. ``draftpipe/data/stories260K/stories260K.gguf``.
         out_dir: the directory to create: ``config.json``, ``generation_config.json``, ``model.safetensors``,
-            ``tokenizer.json``, ``tokenizer_config.json``.
-        head_dim: target attention head dim (None: keep the GGUF's). For stories260K 32 gives
-            ``q_proj [256, 64]``, ``k_proj``/``v_proj [128, 64]``, ``o_proj [64, 256]`` per layer, float32.
-        max_position_embeddings: the context length to record (None: keep the GGUF's ``context_length``).
+            ``tokenizer.json``, ``tokenizer_config.json`` and, with a chat template, ``chat_template.jinja``.
+        head_dim: target attention head dim: ``"auto"`` (default) the model's where vLLM has a kernel for it, else
+            the smallest multiple that has one (:func:`resolve_gguf_head_dim`; stories260K 8 -> 32, giving
+            ``q_proj [256, 64]``, ``k_proj``/``v_proj [128, 64]``, ``o_proj [64, 256]`` per layer); None keeps the
+            GGUF's; an int must be a multiple of it.
+        max_position_embeddings: the context length to record (None: the GGUF's ``context_length``).
+        dtype: the weights' dtype (``verifier.dtype``: ``float32``, ``bfloat16``, ``float16``); quantized tensors
+            are dequantized to it. None: float32 (what the loader dequantizes to).
 
     Returns:
         A JSON-serialisable summary: ``out_dir``, ``source_gguf``, ``source_sha256``, ``removed_metadata``,
-        ``original_head_dim``, the main config fields (``head_dim``, ``hidden_size``, ``num_attention_heads``,
-        ``num_key_value_heads``, ``num_hidden_layers``, ``intermediate_size``, ``vocab_size``,
-        ``max_position_embeddings``, ``rope_theta``, ``rms_norm_eps``, ``bos_token_id``, ``eos_token_id``),
-        ``num_parameters`` and ``files`` (name -> sha256).
+        ``original_head_dim``, ``tokenizer_model``, ``quantized`` (the GGUF's quantized tensor types), ``dtype``,
+        ``chat_template`` (whether one was kept), the main config fields (``head_dim``, ``hidden_size``,
+        ``num_attention_heads``, ``num_key_value_heads``, ``num_hidden_layers``, ``intermediate_size``,
+        ``vocab_size``, ``max_position_embeddings``, ``rope_theta``, ``rms_norm_eps``, ``bos_token_id``,
+        ``eos_token_id``), ``num_parameters`` and ``files`` (name -> sha256).
 
     Raises:
         FileNotFoundError: ``gguf_path`` is not a file.
-        ValueError: the GGUF is not a Llama model, ``max_position_embeddings`` is not positive, or
-            :func:`reparameterize_head_dim` rejects ``head_dim``.
+        UnsupportedGGUFError (a ValueError): not a readable GGUF, not a Llama model, or a tokenizer model the loader
+            does not know (:func:`check_gguf`).
+        ValueError: ``max_position_embeddings`` is not positive, ``dtype`` unknown, or ``head_dim`` rejected
+            (:func:`resolve_gguf_head_dim`, :func:`reparameterize_head_dim`).
+        draftpipe.tokenizer_check.TokenizerGateError: the saved tokenizer does not give the probe texts back.
         ImportError: torch, transformers, gguf or accelerate missing.
     """
     src = Path(gguf_path)
@@ -465,22 +690,32 @@ def convert_gguf(
         isinstance(max_position_embeddings, bool) or int(max_position_embeddings) <= 0
     ):
         raise ValueError(f"max_position_embeddings must be a positive integer, got {max_position_embeddings!r}")
+    meta = gguf_metadata(src)
+    check_gguf(meta, str(src), field="gguf_path")
+    if head_dim == "auto":
+        head_dim = resolve_gguf_head_dim(None, meta["head_dim"], field="head_dim")
     source_sha = sha256_file(src)
 
     import torch
     from tokenizers import processors
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+    torch_dtype = getattr(torch, dtype or "float32", None)
+    if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
+        raise ValueError(f"dtype: {dtype!r} is not a torch floating-point dtype (float32, bfloat16, float16)")
+    spm = meta["tokenizer_model"] == "llama"
     out = Path(out_dir)
     with atomic_dir(out) as build:
         with tempfile.TemporaryDirectory(prefix="draftpipe-gguf-") as td:
             fixed_name = "model.gguf"
-            removed = strip_gguf_metadata(src, Path(td) / fixed_name)
+            removed = strip_gguf_metadata(src, Path(td) / fixed_name, _invalid_token_id_keys(src))
             tokenizer = AutoTokenizer.from_pretrained(td, gguf_file=fixed_name)
             gmodel = AutoModelForCausalLM.from_pretrained(td, gguf_file=fixed_name)
         gcfg = gmodel.config
         if getattr(gcfg, "model_type", None) != "llama":
-            raise ValueError(f"{src}: expected a Llama GGUF, got model_type {getattr(gcfg, 'model_type', None)!r}")
+            raise UnsupportedGGUFError(
+                f"{src}: expected a Llama GGUF, got model_type {getattr(gcfg, 'model_type', None)!r}"
+            )
 
         cfg_dict = gcfg.to_dict()
         for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version"):
@@ -500,40 +735,27 @@ def convert_gguf(
         del gmodel
         if head_dim is not None and head_dim != original_head_dim:
             model = reparameterize_head_dim(model, head_dim)
+        model = model.to(dtype=torch_dtype)
+        model.config.dtype = torch_dtype
 
+        template = meta["chat_template"]
         bos_id, eos_id = config.bos_token_id, config.eos_token_id
-        model.generation_config = GenerationConfig(
-            bos_token_id=bos_id,
-            eos_token_id=[i for i in (bos_id, eos_id) if i is not None],
-        )
+        llama2c = spm and template is None
+        eos = [i for i in ((bos_id, eos_id) if llama2c else (eos_id,)) if i is not None]
+        model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=eos if len(eos) > 1 else eos[0])
         with torch.no_grad():
             model.save_pretrained(build)
 
-        bos = tokenizer.bos_token
-        tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos}:0 $A:0",
-            pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
-            special_tokens=[(bos, tokenizer.convert_tokens_to_ids(bos))],
-        )
-        tokenizer.save_pretrained(build)
-        for extra in ("special_tokens_map.json", "added_tokens.json", "chat_template.jinja"):
-            with contextlib.suppress(FileNotFoundError):
-                (build / extra).unlink()
-        tok_cfg = {
-            "add_bos_token": True,
-            "add_eos_token": False,
-            "bos_token": bos,
-            "clean_up_tokenization_spaces": False,
-            "eos_token": tokenizer.eos_token,
-            "legacy": False,
-            "model_max_length": config.max_position_embeddings,
-            "pad_token": None,
-            "tokenizer_class": "LlamaTokenizer",
-            "unk_token": tokenizer.unk_token,
-        }
-        (build / "tokenizer_config.json").write_text(
-            json.dumps(tok_cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-        )
+        if spm:
+            _llama2c_tokenizer(build, tokenizer, config, meta["add_bos_token"] is not False, processors)
+        else:
+            _loader_tokenizer(build, tokenizer, config)
+        saved_tok = AutoTokenizer.from_pretrained(build, local_files_only=True)
+        check_round_trip(saved_tok, ((f"probe text {i + 1}", t) for i, t in enumerate(PROBE_TEXTS)), str(src))
+        if template is not None and saved_tok.chat_template != template:
+            raise ValueError(
+                f"{src}: the GGUF's chat template (tokenizer.chat_template) was not kept by the conversion"
+            )
 
         files = {p.name: sha256_file(p) for p in sorted(build.iterdir()) if p.is_file()}
 
@@ -544,6 +766,10 @@ def convert_gguf(
         "source_sha256": source_sha,
         "removed_metadata": removed,
         "original_head_dim": original_head_dim,
+        "tokenizer_model": meta["tokenizer_model"],
+        "quantized": meta["quantized"],
+        "dtype": str(torch_dtype).removeprefix("torch."),
+        "chat_template": template is not None,
         **{
             k: saved.get(k)
             for k in (
@@ -564,6 +790,22 @@ def convert_gguf(
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "files": files,
     }
+
+
+def _invalid_token_id_keys(src: Path) -> tuple[str, ...]:
+    """The keys of :data:`BAD_GGUF_METADATA_KEYS` that hold an id outside the vocabulary (0xFFFFFFFF in llama.cpp's
+    llama2.c conversion); a valid padding id (SmolLM2's 2) is kept."""
+    import gguf
+
+    reader = gguf.GGUFReader(os.fspath(src), "r")
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    n = len(tokens.data) if tokens is not None else 0
+    bad = []
+    for key in BAD_GGUF_METADATA_KEYS:
+        field = reader.get_field(key)
+        if field is not None and not 0 <= int(field.contents()) < n:
+            bad.append(key)
+    return tuple(bad)
 
 
 #: Tokenizer files copied from ``tokenizer_dir`` by :func:`build_random_verifier`.
@@ -622,7 +864,8 @@ def build_random_verifier(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m draftpipe.verifier GGUF OUT_DIR [--head-dim N|none] [--max-position-embeddings N|none]``.
+    """CLI: ``python -m draftpipe.verifier GGUF OUT_DIR [--head-dim auto|N|none] [--max-position-embeddings N|none]
+    [--dtype float32|bfloat16|float16]``.
 
     Prints the :func:`convert_gguf` summary as JSON. Exit status 0 on success; errors propagate.
     """
@@ -631,16 +874,24 @@ def main(argv: list[str] | None = None) -> int:
     def _opt_int(s: str) -> int | None:
         return None if s.lower() == "none" else int(s)
 
+    def _head_dim(s: str) -> int | None | str:
+        return "auto" if s.lower() == "auto" else _opt_int(s)
+
     ap = argparse.ArgumentParser(
-        description="Convert a Llama GGUF into a Hugging Face directory (tiny-verifier.md §2-5)"
+        description="Convert a Llama-family GGUF into a Hugging Face directory (tiny-verifier.md §2-5)"
     )
     ap.add_argument("gguf")
     ap.add_argument("out_dir")
-    ap.add_argument("--head-dim", type=_opt_int, default=32)
-    ap.add_argument("--max-position-embeddings", type=_opt_int, default=512)
+    ap.add_argument("--head-dim", type=_head_dim, default="auto", help="auto (default), none (the GGUF's) or N")
+    ap.add_argument("--max-position-embeddings", type=_opt_int, default=None, help="none (default: the GGUF's) or N")
+    ap.add_argument("--dtype", default="float32")
     args = ap.parse_args(argv)
     summary = convert_gguf(
-        args.gguf, args.out_dir, head_dim=args.head_dim, max_position_embeddings=args.max_position_embeddings
+        args.gguf,
+        args.out_dir,
+        head_dim=args.head_dim,
+        max_position_embeddings=args.max_position_embeddings,
+        dtype=args.dtype,
     )
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0

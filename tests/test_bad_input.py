@@ -850,7 +850,7 @@ SCHEMA_ERRORS = [
     pytest.param(
         "prompts.sources",
         [{"file": "p.jsonl"}],
-        "prompts.sources[0].file: unknown key (known keys: field, ignore, path, template)",
+        "prompts.sources[0].file: unknown key (known keys: field, ignore, max_records, path, template)",
         id="source-key-misspelt",
     ),
 ]

@@ -4,7 +4,7 @@ module imports alone; what the workflow imports when it is parsed pulls in no ML
 Layers (a module may import only modules of lower layers):
 
 0. base, standard library only: atomic I/O and caches (``io``), the results layout (``layout``), quality gates,
-   GPU locks, progress lines.
+   the tokenizer gate, GPU locks, progress lines.
 1. formats: chat templates and their rendering, hidden-state shards, provenance manifests, prompt sources, rank
    arithmetic and the torchrun launcher, a verifier's config and GGUF conversion, vocab maps.
 2. set-up and integrity: config checks, the vLLM engine's settings, prompt fingerprints, the plan, shard
@@ -29,7 +29,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "draftpipe"
 
 LAYERS = {
-    "io": 0, "layout": 0, "gates": 0, "gpus": 0, "progress": 0, "attention": 0,
+    "io": 0, "layout": 0, "gates": 0, "gpus": 0, "progress": 0, "attention": 0, "tokenizer_check": 0,
     "chat": 1, "hidden_states": 1, "provenance": 1, "prompts": 1, "ranks": 1, "verifier": 1, "vocab": 1,
     "config": 2, "engine": 2, "fingerprint": 2, "integrity": 2, "plan": 2, "stage": 2, "vllm_connector": 2,
     "completions": 3, "draft": 3, "extract": 3, "runtime": 3,

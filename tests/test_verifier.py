@@ -41,7 +41,7 @@ def torch_mod():
 @pytest.fixture(scope="module")
 def converted(torch_mod, tmp_path_factory):
     out = tmp_path_factory.mktemp("verifier") / "stories260K-hd32"
-    summary = convert_gguf(GGUF, out)
+    summary = convert_gguf(GGUF, out, max_position_embeddings=512)
     return out, summary
 
 
@@ -159,7 +159,7 @@ def test_greedy_reference_sample(hf):
 
 def test_conversion_is_deterministic_and_replaces_atomically(converted, tmp_path):
     out, summary = converted
-    again = convert_gguf(GGUF, out)  # replaces the existing directory
+    again = convert_gguf(GGUF, out, max_position_embeddings=512)  # replaces the existing directory
     assert again["files"] == summary["files"]
     assert {p.name: sha256_file(p) for p in out.iterdir()} == summary["files"]
     assert [p.name for p in out.parent.iterdir()] == [out.name]
