@@ -498,3 +498,32 @@ def test_a_draft_trained_on_float8_shards_learns_what_the_bfloat16_one_learns(ve
     assert a["val_loss"] != b["val_loss"]  # quantized: not the same numbers
     assert abs(a["val_loss"] - b["val_loss"]) < 0.02 * a["val_loss"], (a["val_loss"], b["val_loss"])
     assert abs(a["val_full_acc_0"] - b["val_full_acc_0"]) < 0.02, (a["val_full_acc_0"], b["val_full_acc_0"])
+
+
+def test_samples_longer_than_the_packed_batch_are_counted_and_never_a_step_of_loss_zero():
+    from draftpipe.draft import accounting_line, window_accounting
+
+    # lengths 300 (fits), 700 (cut: 100 of its 250 trained tokens lost), 900 (all 50 trained tokens past 512: left out)
+    a = window_accounting([300, 700, 900], [120, 250, 50], [120, 150, 0], 512)
+    assert a == {
+        "samples": 3,
+        "tokens": 1900,
+        "trained_tokens": 420,
+        "long_samples": 2,
+        "cut_trained_tokens": 150,
+        "dropped_samples": 1,
+        "used_tokens": 812,
+        "used_trained_tokens": 270,
+        "kept_indices": [0, 1],
+    }
+    assert accounting_line("train", a, 512) == (
+        "draft train data: 2 samples, 812 tokens, 270 trained on per epoch; WARNING: 2 sample(s) longer than "
+        "draft.total_seq_len=512 are cut to their first 512 tokens (150 of 420 trained tokens lost), 1 of them left "
+        "out with no token to learn there; raise draft.total_seq_len to keep them"
+    )
+    fits = window_accounting([10, 20], [5, 0], [5, 0], 512)
+    assert fits["kept_indices"] == [0, 1] and fits["dropped_samples"] == 0  # a short sample is never left out
+    assert (
+        accounting_line("validation", fits, 512)
+        == "draft validation data: 2 samples, 30 tokens, 5 trained on per epoch"
+    )
