@@ -42,8 +42,62 @@ def node_gpu_count() -> int:
 
 
 def default_lock_dir() -> Path:
-    """``DRAFTPIPE_GPU_LOCKS`` or ``/tmp/draftpipe-gpu-locks-<uid>``: shared by every job of one user on the node."""
-    return Path(os.environ.get("DRAFTPIPE_GPU_LOCKS") or f"/tmp/draftpipe-gpu-locks-{os.getuid()}")
+    """``DRAFTPIPE_GPU_LOCKS``, else ``$XDG_RUNTIME_DIR/draftpipe-gpu-locks`` (the user's own runtime directory),
+    else ``/tmp/draftpipe-gpu-locks-<uid>``: shared by every job of one user on the node, checked by
+    :func:`secure_lock_dir` before use."""
+    if os.environ.get("DRAFTPIPE_GPU_LOCKS"):
+        return Path(os.environ["DRAFTPIPE_GPU_LOCKS"])
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return Path(runtime) / "draftpipe-gpu-locks"
+    return Path(f"/tmp/draftpipe-gpu-locks-{os.getuid()}")
+
+
+def secure_lock_dir(path: str | Path) -> Path:
+    """Create the lock directory (mode 0o700) or check the one there: a real directory (not a symlink), owned by
+    this user, writable by nobody else. Another user's directory at a predictable path could otherwise hold this
+    user's GPUs or plant symlinks among the lock files.
+
+    Raises:
+        GPUAllocationError: naming the directory and what is wrong with it (and how to choose another:
+            ``DRAFTPIPE_GPU_LOCKS``).
+    """
+    import stat
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    why = None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        why = "is not a directory (a symlink or a file)"
+    elif st.st_uid != os.getuid():
+        why = f"belongs to uid {st.st_uid}, not to this user (uid {os.getuid()})"
+    elif st.st_mode & 0o022:
+        why = f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    if why:
+        raise GPUAllocationError(
+            f"GPU lock directory {path} {why}; remove it, or set DRAFTPIPE_GPU_LOCKS to a directory of your own"
+        )
+    return path
+
+
+def _open_lock(path: Path) -> int:
+    """Open (or create, mode 0o600) a lock file without following a symlink; it must be a regular file of ours."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise GPUAllocationError(f"GPU lock file {path} cannot be opened ({exc.strerror}): not a plain file") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        os.close(fd)
+        raise GPUAllocationError(f"GPU lock file {path} is not a plain file of this user")
+    return fd
 
 
 @contextlib.contextmanager
@@ -70,7 +124,8 @@ def allocate(
         ``CUDA_VISIBLE_DEVICES`` is already set, devices are taken from that list.
 
     Raises:
-        GPUAllocationError: ``n > total``, or not enough free devices within ``timeout``.
+        GPUAllocationError: ``n > total``, not enough free devices within ``timeout``, or a lock directory or
+            lock file that is not this user's own (:func:`secure_lock_dir`, :func:`_open_lock`).
     """
     env = os.environ if env is None else env
     if n <= 0:
@@ -84,8 +139,7 @@ def allocate(
     ids = visible[:total] if visible else [str(i) for i in range(total)]
     if n > total:
         raise GPUAllocationError(f"job asks for {n} GPUs but this node has {total}")
-    lock_dir = Path(lock_dir or default_lock_dir())
-    lock_dir.mkdir(parents=True, exist_ok=True)
+    lock_dir = secure_lock_dir(lock_dir or default_lock_dir())
     deadline = time.monotonic() + timeout
     held: list[tuple[str, int]] = []
     try:
@@ -93,7 +147,7 @@ def allocate(
             for dev in ids:
                 if len(held) == n:
                     break
-                fd = os.open(lock_dir / f"gpu{dev}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+                fd = _open_lock(lock_dir / f"gpu{dev}.lock")
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:

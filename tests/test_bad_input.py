@@ -1330,3 +1330,13 @@ def test_source_mapping_errors_name_the_key(fake_verifier, source, expected):
     cfg = base_config()
     cfg["prompts"]["sources"] = [{"path": str(TINYSTORIES), **source}]
     assert raised(ConfigError, check_config, cfg, fake_verifier) == expected
+
+
+@pytest.mark.parametrize("key", ["completions.seed", "draft.seed"])
+def test_a_seed_beyond_32_bits_is_refused_when_the_workflow_is_read(shipped_config, key):
+    cfg = _set(copy.deepcopy(shipped_config), key, 2**32)
+    assert raised(ConfigError, validate_config, cfg) == f"{key}: 4294967296 is greater than the maximum of 4294967295"
+    assert raised(ConfigError, validate_config, _set(copy.deepcopy(shipped_config), key, -1)) == (
+        f"{key}: -1 is less than the minimum of 0"
+    )
+    validate_config(_set(copy.deepcopy(shipped_config), key, 2**32 - 1))

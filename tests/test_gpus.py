@@ -83,3 +83,65 @@ def test_slurm_and_visible_devices_and_limits(tmp_path):
             pass
     with allocate(0, env={}) as devs:
         assert devs == []
+
+
+def test_the_lock_directory_and_files_are_the_user_s_own(tmp_path):
+    """A lock directory others can write, or a lock file that is a symlink, is refused: a job never truncates the
+    file a planted symlink points at, and never waits on another user's locks."""
+    import os
+
+    locks = tmp_path / "locks"
+    with allocate(1, total=2, lock_dir=locks, env={}):
+        pass
+    assert oct(locks.stat().st_mode & 0o777) == "0o700"
+    assert oct((locks / "gpu0.lock").stat().st_mode & 0o777) == "0o600"
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    planted = tmp_path / "planted"
+    planted.mkdir(mode=0o700)
+    (planted / "gpu0.lock").symlink_to(victim)
+    with pytest.raises(GPUAllocationError) as info:
+        with allocate(1, total=1, lock_dir=planted, env={}):
+            pass
+    assert str(info.value) == (
+        f"GPU lock file {planted / 'gpu0.lock'} cannot be opened (Too many levels of symbolic links): not a plain file"
+    )
+    assert victim.read_text() == "keep me\n"
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(GPUAllocationError) as info:
+        with allocate(1, total=1, lock_dir=shared, env={}):
+            pass
+    assert str(info.value) == (
+        f"GPU lock directory {shared} is writable by other users (mode 777); remove it, or set DRAFTPIPE_GPU_LOCKS "
+        "to a directory of your own"
+    )
+    link = tmp_path / "link"
+    link.symlink_to(locks)
+    with pytest.raises(GPUAllocationError, match="is not a directory"):
+        with allocate(1, total=1, lock_dir=link, env={}):
+            pass
+    if os.getuid() == 0:  # root can hand a directory to another user
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(GPUAllocationError, match="belongs to uid 65534, not to this user"):
+            with allocate(1, total=1, lock_dir=theirs, env={}):
+                pass
+
+
+def test_the_default_lock_directory_is_the_user_s_runtime_directory(tmp_path, monkeypatch):
+    import os
+
+    from draftpipe.gpus import default_lock_dir
+
+    monkeypatch.delenv("DRAFTPIPE_GPU_LOCKS", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert default_lock_dir() == tmp_path / "draftpipe-gpu-locks"
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert str(default_lock_dir()) == f"/tmp/draftpipe-gpu-locks-{os.getuid()}"
+    monkeypatch.setenv("DRAFTPIPE_GPU_LOCKS", str(tmp_path / "mine"))
+    assert default_lock_dir() == tmp_path / "mine"
