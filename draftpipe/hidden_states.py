@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from draftpipe.io import (
     SafetensorsHeaderError,
+    load_json,
     read_cache,
     read_safetensors_header,
     save_safetensors,
@@ -313,7 +314,7 @@ def read_shard_metadata(path: str) -> dict:
     out = {"num_samples": n}
     for k, v in meta.items():
         if k not in ("format", "num_samples"):
-            out[k] = json.loads(v)
+            out[k] = load_json(v)
     return out
 
 
@@ -363,9 +364,9 @@ def _check_samples(header: dict, meta: dict, aux_layers: int | None, hidden_size
         n = int(meta["num_samples"])
         recorded_tokens = int(meta["num_tokens"]) if "num_tokens" in meta else None
         if hidden_size is None and "hidden_size" in meta:
-            hidden_size = int(json.loads(meta["hidden_size"]))
+            hidden_size = int(load_json(meta["hidden_size"]))
         if aux_layers is None and "aux_layer_ids" in meta:
-            aux_layers = len(json.loads(meta["aux_layer_ids"]))
+            aux_layers = len(load_json(meta["aux_layer_ids"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise _Bad(f"malformed metadata ({type(exc).__name__}: {exc})") from None
     keys = set(KEYS) | set(SCALE_KEYS.values())

@@ -14,15 +14,22 @@ This is the policy layer above the formats (manifests in :mod:`draftpipe.provena
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftpipe.hidden_states import ShardError, check_shards_cached, validate_shard
-from draftpipe.io import sha256_file
+from draftpipe.io import load_json, sha256_file
 from draftpipe.layout import STORE
-from draftpipe.provenance import SUFFIX, UNTRACKED_DIRS, _tree_sha256, manifest_path, quarantine
+from draftpipe.provenance import (
+    SUFFIX,
+    UNTRACKED_DIRS,
+    _tree_sha256,
+    digest_problem,
+    digest_record_path,
+    manifest_path,
+    quarantine,
+)
 
 CORRUPT, STALE, NOTE = "CORRUPT", "STALE", "NOTE"
 
@@ -90,7 +97,8 @@ def verify_tree(
     manifest's, or (with ``check_shards``) a ``hidden_states/*.safetensors`` that fails
     :func:`draftpipe.hidden_states.validate_shard` gives ``CORRUPT``; an input whose sha256 now differs from the
     one recorded, or that no longer exists, gives ``STALE`` naming the input. A manifest without its artifact
-    gives ``NOTE``. Every file is hashed from its bytes, once.
+    gives ``NOTE``. Every file is hashed from its bytes, once. The stage stores' entries are checked too
+    (:func:`store_findings`): the tree is never clean while a stored entry differs from its record.
 
     Args:
         results_dir: the results directory.
@@ -115,7 +123,7 @@ def verify_tree(
             findings.append(Finding(NOTE, shown, "no manifest"))
         else:
             try:
-                man = json.loads(mpath.read_text(encoding="utf-8"))
+                man = load_json(mpath.read_text(encoding="utf-8"))
                 recorded = man["artifact"]
                 inputs = list(man.get("inputs") or [])
             except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -157,8 +165,37 @@ def verify_tree(
         art = Path(str(mpath)[: -len(SUFFIX)])
         if not art.exists():
             findings.append(Finding(NOTE, str(art), f"manifest {mpath.name} without its artifact"))
+    findings += store_findings(results)
     order = {CORRUPT: 0, STALE: 1, NOTE: 2}
     return sorted(findings, key=lambda f: (f.path, order.get(f.status, 3)))
+
+
+def store_entries(results_dir: str | os.PathLike) -> list[Path]:
+    """The entry files of a results tree's stage stores (``<results>/.store/<stage>/<entry>`` and the files of
+    directory entries ``<results>/.store/<stage>/<key>/<file>``), sorted; hidden names (locks, digest records,
+    temporary files) are not entries."""
+    out = []
+    store = Path(results_dir) / STORE
+    for stage in sorted(store.iterdir()) if store.is_dir() else []:
+        if not stage.is_dir() or stage.name.startswith("."):
+            continue
+        for p in sorted(stage.iterdir()):
+            if p.name.startswith("."):
+                continue
+            out += sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")) if p.is_dir() else [p]
+    return out
+
+
+def store_findings(results_dir: str | os.PathLike) -> list[Finding]:
+    """Every stage-store entry against its digest record (:func:`draftpipe.provenance.digest_problem`, every byte
+    hashed): ``CORRUPT`` when it differs, ``NOTE`` when it has no record (stored before records existed)."""
+    findings = []
+    for entry in store_entries(results_dir):
+        if not digest_record_path(entry).exists():
+            findings.append(Finding(NOTE, str(entry), "store entry without a digest record"))
+        elif (reason := digest_problem(entry, full=True)) is not None:
+            findings.append(Finding(CORRUPT, str(entry), f"store entry: {reason}"))
+    return findings
 
 
 def require_sound_shards(paths: list[str], results_dir: str | os.PathLike, cache_file: str | os.PathLike) -> None:
@@ -183,6 +220,7 @@ def require_sound_shards(paths: list[str], results_dir: str | os.PathLike, cache
                 est = entry.stat()
                 if (est.st_ino, est.st_dev) == (st.st_ino, st.st_dev):
                     entry.unlink()
+                    digest_record_path(entry).unlink(missing_ok=True)
     moved = {str(src): dest for src, dest in quarantine(sorted(bad), results_dir)}
     lines = [f"{path}: {reason}; moved to {moved.get(str(Path(path)), '?')}" for path, reason in sorted(bad.items())]
     raise ShardError(

@@ -149,6 +149,68 @@ DTYPE_BYTES = {
 MAX_SAFETENSORS_HEADER = 100_000_000
 
 
+#: deepest nesting of arrays and objects in any JSON this package reads (a prompt record, a safetensors header, a
+#: manifest or config is a few levels deep; Python's own reader fails with RecursionError near 1,000 levels)
+MAX_JSON_DEPTH = 64
+
+
+class JSONLimitError(ValueError):
+    """JSON beyond :func:`load_json`'s limits (nesting, size, a repeated key); the message is the reason, without
+    the path."""
+
+
+def reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """``object_pairs_hook`` of a JSON decoder that refuses an object repeating a key.
+
+    Raises:
+        JSONLimitError: ``key 'x' appears twice in one object``.
+    """
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise JSONLimitError(f"key {dup!r} appears twice in one object")
+    return obj
+
+
+def json_depth(obj: Any) -> int:
+    """Nesting depth of a parsed JSON value (a scalar is 0, ``[]`` and ``{}`` are 1), without recursion."""
+    depth, stack = 0, [(obj, 1)]
+    while stack:
+        item, d = stack.pop()
+        if isinstance(item, dict | list):
+            depth = max(depth, d)
+            stack.extend((v, d + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return depth
+
+
+def load_json(
+    text: str | bytes, *, max_bytes: int | None = None, max_depth: int = MAX_JSON_DEPTH, unique_keys: bool = False
+) -> Any:
+    """``json.loads`` for untrusted JSON, within limits: the one reader of prompt sources, safetensors headers,
+    manifests and configs.
+
+    Args:
+        text: the JSON text (bytes are decoded as UTF-8, as ``json.loads`` does).
+        max_bytes: refuse longer text before parsing it; None for no size limit.
+        max_depth: refuse arrays and objects nested deeper (:data:`MAX_JSON_DEPTH`).
+        unique_keys: refuse an object that repeats a key (``json.loads`` silently keeps the last value).
+
+    Raises:
+        JSONLimitError: too long, too deeply nested, or a repeated key; the message names the limit.
+        ValueError: not valid JSON (``json.JSONDecodeError``, ``UnicodeDecodeError``).
+    """
+    if max_bytes is not None and len(text) > max_bytes:
+        raise JSONLimitError(f"{len(text):,} bytes of JSON, more than the {max_bytes:,} allowed")
+    try:
+        obj = json.loads(text, object_pairs_hook=reject_duplicate_keys if unique_keys else None)
+    except RecursionError:
+        raise JSONLimitError(f"JSON nested more than {max_depth} levels deep") from None
+    if json_depth(obj) > max_depth:
+        raise JSONLimitError(f"JSON nested more than {max_depth} levels deep")
+    return obj
+
+
 class SafetensorsHeaderError(ValueError):
     """A safetensors file's framing is broken; the message is the reason, without the path."""
 
@@ -190,7 +252,9 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, dict, int, i
     except OSError as exc:
         raise SafetensorsHeaderError(f"unreadable ({exc.strerror or exc})") from exc
     try:
-        header = json.loads(raw)
+        header = load_json(raw)
+    except JSONLimitError as exc:
+        raise SafetensorsHeaderError(f"header refused ({exc})") from exc
     except (UnicodeDecodeError, ValueError) as exc:
         raise SafetensorsHeaderError(f"header is not valid JSON ({exc})") from exc
     if not isinstance(header, dict):
@@ -309,7 +373,9 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = load_json(line)
+            except JSONLimitError as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from exc
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
             if not isinstance(rec, dict):
@@ -327,8 +393,10 @@ def check_jsonl(path: str | os.PathLike) -> str | None:
         return "truncated (no final newline)"
     for lineno, line in enumerate(data.splitlines(), 1):
         try:
-            if not isinstance(json.loads(line), dict):
+            if not isinstance(load_json(line), dict):
                 return f"line {lineno} is not a JSON object"
+        except JSONLimitError as exc:
+            return f"line {lineno}: {exc}"
         except ValueError:
             return f"line {lineno} is not valid JSON"
     return None
@@ -352,7 +420,7 @@ def stat_key(path: str | os.PathLike) -> list[int]:
 def read_cache(cache_file: str | os.PathLike) -> dict:
     """A JSON cache file's object; empty when it is missing or damaged (a cache is never trusted over the files)."""
     try:
-        cache = json.loads(Path(cache_file).read_text())
+        cache = load_json(Path(cache_file).read_text())
     except (OSError, ValueError):
         return {}
     return cache if isinstance(cache, dict) else {}

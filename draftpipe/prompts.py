@@ -64,6 +64,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from draftpipe.io import MAX_JSON_DEPTH, JSONLimitError, json_depth, load_json, reject_duplicate_keys
+
 ROLE_ALIASES = {
     "user": "user",
     "human": "user",
@@ -197,11 +199,42 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
                 ) from exc
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line.rstrip("\r\n"))  # an error at the line end is at its last column, not on "line 2"
-            except json.JSONDecodeError as exc:
-                raise PromptFormatError(f"{path}:{lineno}: malformed JSON line ({_json_reason(exc)})") from exc
-            yield lineno, obj
+            yield lineno, _parse_line(path, lineno, line)
+
+
+def _parse_line(path: Path, lineno: int, line: str) -> Any:
+    """One JSON Lines record (:func:`draftpipe.io.load_json`: bounded depth, no repeated key), with the error naming
+    the file and line, and what the bytes most likely are when they are not UTF-8 JSON Lines."""
+    if "\x00" in line:
+        raise PromptFormatError(
+            f"{path}:{lineno}: NUL characters in the line: UTF-16 or UTF-32 text? prompt sources are UTF-8"
+        )
+    body = line.rstrip("\r\n")  # an error at the line end is at its last column, not on "line 2"
+    try:
+        obj = load_json(body, unique_keys=True)
+    except JSONLimitError as exc:
+        raise PromptFormatError(f"{path}:{lineno}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        if "\r" in body:
+            raise PromptFormatError(
+                f"{path}:{lineno}: lines end in a carriage return alone (CR, old Mac line ends); JSON Lines need "
+                "LF or CRLF line ends"
+            ) from exc
+        raise PromptFormatError(f"{path}:{lineno}: malformed JSON line ({_json_reason(exc)})") from exc
+    _check_encodable(path, lineno, obj)
+    return obj
+
+
+def _check_encodable(path: Path, lineno: int, obj: Any) -> None:
+    """Refuse a record whose strings hold a lone surrogate (``"\\ud800"``: valid JSON, not text)."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end]
+        raise PromptFormatError(
+            f"{path}:{lineno}: a lone surrogate ({bad.encode('unicode_escape').decode()}) in a string: "
+            "not text a tokenizer can take"
+        ) from None
 
 
 def _iter_json_array(path: Path) -> Iterator[tuple[int, Any]]:
@@ -213,7 +246,9 @@ def _iter_json_array(path: Path) -> Iterator[tuple[int, Any]]:
         bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0
         lineno = data.count(b"\n", 0, exc.start + bom) + 1
         raise PromptFormatError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason})") from exc
-    decoder = json.JSONDecoder()
+    if "\x00" in text:
+        raise PromptFormatError(f"{path}: NUL characters in the file: UTF-16 or UTF-32 text? prompt sources are UTF-8")
+    decoder = json.JSONDecoder(object_pairs_hook=reject_duplicate_keys)
     line, counted = 1, 0
 
     def line_at(pos: int) -> int:
@@ -225,15 +260,27 @@ def _iter_json_array(path: Path) -> Iterator[tuple[int, Any]]:
     try:
         i = _WS.match(text, 0).end()
         if not text.startswith("[", i):
-            obj = json.loads(text)
+            obj = load_json(text)
             raise PromptFormatError(f"{path}: a .json prompt source must be an array of records, got {json_type(obj)}")
         i = _WS.match(text, i + 1).end()
         if text.startswith("]", i):
             i += 1
         else:
             while True:
-                obj, end = decoder.raw_decode(text, i)
-                yield line_at(i), obj
+                start = line_at(i)
+                try:
+                    obj, end = decoder.raw_decode(text, i)
+                except (RecursionError, JSONLimitError) as exc:
+                    why = (
+                        exc
+                        if isinstance(exc, JSONLimitError)
+                        else f"JSON nested more than {MAX_JSON_DEPTH} levels deep"
+                    )
+                    raise PromptFormatError(f"{path}:{start}: {why}") from None
+                if json_depth(obj) > MAX_JSON_DEPTH:
+                    raise PromptFormatError(f"{path}:{start}: JSON nested more than {MAX_JSON_DEPTH} levels deep")
+                _check_encodable(path, start, obj)
+                yield start, obj
                 i = _WS.match(text, end).end()
                 if text.startswith(",", i):
                     i = _WS.match(text, i + 1).end()
@@ -245,6 +292,8 @@ def _iter_json_array(path: Path) -> Iterator[tuple[int, Any]]:
         i = _WS.match(text, i).end()
         if i != len(text):
             raise json.JSONDecodeError("Extra data", text, i)
+    except JSONLimitError as exc:
+        raise PromptFormatError(f"{path}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise PromptFormatError(f"{path}:{exc.lineno}: malformed JSON ({_json_reason(exc)})") from exc
 

@@ -40,7 +40,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
-from draftpipe.io import sha256_file, write_json
+from draftpipe.io import load_json, sha256_file, write_json, write_text
 from draftpipe.layout import QUARANTINE
 
 SCHEMA = "draftpipe.manifest.v1"
@@ -157,7 +157,7 @@ def _recorded_sha256(path: Path, st: os.stat_result) -> str | None:
     """The sha256 that ``path``'s own manifest records, when that manifest still describes the file (same size
     and probe, and the same mtime_ns or the same inode touched later; see the module docstring)."""
     try:
-        art = json.loads(manifest_path(path).read_text(encoding="utf-8"))["artifact"]
+        art = load_json(manifest_path(path).read_text(encoding="utf-8"))["artifact"]
         if art["size"] != st.st_size or not isinstance(art["sha256"], str):
             return None
         same_mtime = art["mtime_ns"] == st.st_mtime_ns
@@ -312,6 +312,77 @@ def remove_manifests(smk: Any) -> list[Path]:
         except FileNotFoundError:
             pass
     return removed
+
+
+#: a store entry's digest record: ``.<name>.sha256`` beside the entry file (:func:`record_digest`)
+DIGEST_SUFFIX = ".sha256"
+
+
+def digest_record_path(entry: str | os.PathLike) -> Path:
+    """Where the digest record of a stage-store entry file lives: ``.<name>.sha256`` in the same directory (a
+    hidden name, so that the store's globs of entries never see it)."""
+    entry = Path(entry)
+    return entry.with_name(f".{entry.name}{DIGEST_SUFFIX}")
+
+
+def record_digest(entry: str | os.PathLike) -> str:
+    """Make a finished store entry read-only (mode 0o444) and record its SHA-256 and size beside it.
+
+    The record also holds the entry's inode, ``mtime_ns`` and ``ctime_ns`` after the mode change: while all four
+    are unchanged the bytes are too (any write changes ``ctime``, which no user tool can set back), so
+    :func:`digest_problem` skips the hash then.
+
+    Returns:
+        The hex SHA-256 recorded.
+
+    Raises:
+        OSError: the entry cannot be read or the record written.
+    """
+    entry = Path(entry)
+    os.chmod(entry, 0o444)
+    st = entry.stat()
+    digest = sha256_file(entry)
+    fields = [digest, st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+    write_text(digest_record_path(entry), " ".join(map(str, fields)) + "\n")
+    return digest
+
+
+def digest_problem(entry: str | os.PathLike, *, full: bool = False) -> str | None:
+    """Why a store entry file no longer has the bytes :func:`record_digest` recorded, or None when it has.
+
+    Args:
+        entry: the entry file.
+        full: hash the bytes even when the entry's inode, size, mtime and ctime are the recorded ones.
+
+    Returns:
+        None (unchanged, or no record: an entry written before records existed, or by a job killed between the
+        entry and its record); else one line, e.g. ``sha256 0123456789ab... != recorded ba9876543210...``,
+        ``size 1000 != recorded 4096``, ``digest record .<name>.sha256 unreadable``.
+    """
+    entry = Path(entry)
+    rec_path = digest_record_path(entry)
+    try:
+        text = rec_path.read_text(encoding="ascii")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError):
+        return f"digest record {rec_path.name} unreadable"
+    parts = text.split()
+    if len(parts) != 5 or len(parts[0]) != 64 or not all(x.isdigit() for x in parts[1:]):
+        return f"digest record {rec_path.name} unreadable"
+    digest, (size, ino, mtime, ctime) = parts[0], map(int, parts[1:])
+    try:
+        st = entry.stat()
+    except FileNotFoundError:
+        return "missing"
+    if st.st_size != size:
+        return f"size {st.st_size} != recorded {size}"
+    if not full and (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) == (ino, mtime, ctime):
+        return None
+    got = sha256_file(entry)
+    if got != digest:
+        return f"sha256 {got[:12]}... != recorded {digest[:12]}..."
+    return None
 
 
 def quarantine(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from draftpipe import progress
@@ -49,13 +51,43 @@ def ensure_ml_python() -> None:
     os.execv(python, [python, *sys.argv])
 
 
+#: seconds a job waits for another job's lock on its log file (a finished job's engine processes exiting) before it
+#: writes a log of its own (:func:`redirect_output`)
+LOG_LOCK_WAIT_S = 10.0
+
+
+def _lock_within(fd: int, seconds: float) -> bool:
+    """Take an exclusive ``flock`` on ``fd``, trying for up to ``seconds``; whether it was taken."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+
+
 def redirect_output(log_path: str | None) -> None:
     """Send this process's stdout and stderr (file descriptors 1 and 2, so child processes such as vLLM's
     workers too) to the rule's log file, and configure ``logging`` at INFO level. The stderr it had (Snakemake's
-    terminal) is kept for :func:`draftpipe.progress.console`."""
+    terminal) is kept for :func:`draftpipe.progress.console`.
+
+    Each job's log is its own: the log file is truncated only under an exclusive ``flock``, held for the life of
+    the job (and of the processes it starts). When another live job holds it (the same job forced twice side by
+    side with ``--unlock``) for longer than :data:`LOG_LOCK_WAIT_S`, this job writes ``<log>.<pid>`` instead and
+    says so on stderr, so neither truncates the other's log."""
     if log_path:
         os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        if _lock_within(fd, LOG_LOCK_WAIT_S):
+            os.ftruncate(fd, 0)
+        else:
+            os.close(fd)
+            own = f"{log_path}.{os.getpid()}"
+            print(f"draftpipe: another job is writing {log_path}; this job's log is {own}", file=sys.stderr, flush=True)
+            fd = os.open(own, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         sys.stdout.flush()
         sys.stderr.flush()
         if progress.CONSOLE_FD is None:

@@ -20,6 +20,13 @@ first of those jobs to run loads the verifier once and fills every shard of the 
 - Entries are written atomically, so a crash loses only the shard being computed; entries of finished shards
   survive the crash and the rerun links them. When a shard's output is relinked, entries of that shard that no
   output links any longer are removed, so the store holds no more than one result per shard beyond a run.
+- Damage never spreads: a finished entry is made read-only and its SHA-256 recorded beside it
+  (:func:`draftpipe.provenance.record_digest`); before a job links an entry it checks the entry against the record
+  (hashing it only when its inode, size, mtime or ctime changed), and a damaged entry is quarantined and computed
+  again, never linked. A shard's output is a hard link to its entry (shards are the large artifacts: a copy would
+  double the disk), so damage to the output is damage to the entry, and the next job that links it recomputes it;
+  the draft's outputs (:func:`run_stored`) are copies, so its entry survives damage to them and comes back
+  without training again. ``python -m draftpipe.verify`` checks every entry against its record.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from typing import Any
 
 from draftpipe.io import cached_sha256s, sha256_file
 from draftpipe.layout import STORE, shard_ids  # noqa: F401  (STORE: the store directory of every stage)
-from draftpipe.provenance import jsonable
+from draftpipe.provenance import DIGEST_SUFFIX, digest_problem, digest_record_path, jsonable, quarantine, record_digest
 
 
 @dataclass
@@ -118,18 +125,43 @@ def sweep_interrupted(store: Path) -> None:
         print(f"removed {tmp.name} (left in the store by an interrupted job)", flush=True)
 
 
-def link_output(entry: Path, output: str) -> None:
-    """Make ``output`` a hard link to ``entry`` (a copy across file systems), replacing it atomically."""
+def link_output(entry: Path, output: str, *, copy: bool = False) -> None:
+    """Make ``output`` a hard link to ``entry`` (a copy across file systems), or a copy with ``copy``, replacing it
+    atomically.
+
+    An output that already is ``entry`` (a job forced beside another with ``--unlock``) is left as it is: renaming
+    one name of an inode onto another name of it does nothing, and would leave the temporary link behind.
+    """
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if not copy:
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samefile(entry, out):
+                return
     tmp = out.with_name(f".{out.name}.tmp-link-{os.getpid()}")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
-    try:
-        os.link(entry, tmp)
-    except OSError:
+    if copy:
         shutil.copyfile(entry, tmp)
+    else:
+        try:
+            os.link(entry, tmp)
+        except OSError:
+            shutil.copyfile(entry, tmp)
     os.replace(tmp, out)
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # another job linked the same entry there in between: the rename did nothing
+
+
+def quarantine_entry(entry: Path, store: Path) -> Path:
+    """Move a damaged store entry (a file, or a directory of files) to the results tree's quarantine
+    (:func:`draftpipe.provenance.quarantine`) and drop its digest records; returns where it went."""
+    root = store.parent.parent if store.parent.name == STORE else store.parent
+    records = [digest_record_path(f) for f in ([*entry.iterdir()] if entry.is_dir() else [entry])]
+    [(_, dest)] = quarantine([entry], root)[:1]
+    for rec in records:
+        rec.unlink(missing_ok=True)
+    return dest
 
 
 def collect_garbage(store: Path, task: ShardTask) -> list[Path]:
@@ -139,6 +171,9 @@ def collect_garbage(store: Path, task: ShardTask) -> list[Path]:
         if p != task.entry and p.is_file() and os.stat(p).st_nlink == 1:
             p.unlink()
             removed.append(p)
+    for rec in store.glob(f".{task.shard}.*{DIGEST_SUFFIX}"):
+        if not (store / rec.name[1 : -len(DIGEST_SUFFIX)]).exists():
+            rec.unlink(missing_ok=True)
     return removed
 
 
@@ -164,8 +199,10 @@ def run_stage(
         compute: called at most once with the shards to compute; it loads the verifier and writes each task's
             result to ``task.entry`` atomically (an exception leaves the entries it finished).
         share: fill the other ready shards too (one load per stage); false computes only ``own``.
-        check: returns why an existing entry is unusable (truncated, corrupt), or None; such an entry is removed
-            and computed again. An output is a hard link to its entry, so damage to one is damage to both.
+        check: returns why an existing entry is unusable (truncated, corrupt), or None. This job's entry is also
+            checked against its recorded digest (:func:`draftpipe.provenance.digest_problem`). An unusable
+            entry is moved to the quarantine (:func:`quarantine_entry`) and computed again. An output is a hard
+            link to its entry, so damage to one is damage to both: the record is what finds it.
 
     Returns:
         ``{"computed": [shard ids], "loads": 0 or 1, "linked": own.entry}``.
@@ -182,14 +219,19 @@ def run_stage(
             t.key = content_key(t.inputs, settings, code)
             t.entry = store / f"{t.shard}.{t.key[:32]}{suffix}"
             if t.entry.exists():
-                reason = check(t.entry) if check else None
+                # the entry this job links is checked against its recorded digest (a hash only when it changed
+                # since); the others are checked by their own jobs
+                reason = (digest_problem(t.entry) if t is own else None) or (check(t.entry) if check else None)
                 if reason is None:
+                    if not digest_record_path(t.entry).exists():
+                        record_digest(t.entry)  # stored before records existed
                     continue
+                dest = quarantine_entry(t.entry, store)
                 print(
-                    f"shard {t.shard}: store entry {t.entry.name} is unusable ({reason}); computing it again",
+                    f"shard {t.shard}: store entry {t.entry.name} is damaged ({reason}); moved to {dest}, "
+                    "computing it again",
                     flush=True,
                 )
-                t.entry.unlink()
             # Another shard is computed now only if its output is missing or links an older entry (its job is
             # then planned); an output of unknown origin is left to its own job, which Snakemake may not plan.
             if t is own or not os.path.exists(t.output) or os.stat(t.output).st_nlink > 1:
@@ -199,7 +241,12 @@ def run_stage(
         t0 = time.perf_counter()
         if todo:
             print(f"verifier load 1 for {len(todo)} shard(s): {', '.join(t.shard for t in todo)}", flush=True)
-            compute(todo)
+            try:
+                compute(todo)
+            finally:  # the entries it finished, also when it failed part-way
+                for t in todo:
+                    if t.entry.exists() and not digest_record_path(t.entry).exists():
+                        record_digest(t.entry)
             print(f"computed {len(todo)} shard(s) in {time.perf_counter() - t0:.1f} s", flush=True)
         else:
             print(f"shard {own.shard}: found in the store, no verifier load", flush=True)
@@ -216,11 +263,13 @@ def run_stored(
 
     Snakemake removes a job's outputs before the job runs, and a failed job leaves none: a rebuild that fails
     would otherwise lose the last good result. The entry ``<store>/<key[:32]>/`` holds the outputs (by file
-    name); each declared output is a hard link to its file there. Under the stage lock: a complete entry is
-    linked without calling ``build``; otherwise ``build`` writes the outputs to a temporary directory of the store,
+    name), read-only, each with its digest record (:func:`draftpipe.provenance.record_digest`); each declared
+    output is a copy of its file there, so damage to an output never reaches the entry. Under the stage lock: a
+    complete entry whose files match their records is copied without calling ``build`` (a damaged one is
+    quarantined and built again); otherwise ``build`` writes the outputs to a temporary directory of the store,
     which is renamed to the entry when ``build`` returns (an exception leaves no entry and removes the temporary
-    directory; a killed job's is removed by the next run). After linking, entries none of whose files any output links are
-    removed, so the store holds the current result and, after a failed rebuild, the last good one.
+    directory; a killed job's is removed by the next run). After copying, the other entries are removed, so the
+    store holds the current result and, after a failed rebuild, the last good one.
 
     Args:
         store: the stage's store directory (``results/.store/<stage>``).
@@ -230,7 +279,7 @@ def run_stored(
         what: named in the log lines.
 
     Returns:
-        True when ``build`` ran, False when the entry was found.
+        True when ``build`` ran, False when the entry was found sound.
 
     Raises:
         ValueError: two outputs share a file name.
@@ -242,27 +291,39 @@ def run_stored(
     with stage_lock(store):
         sweep_interrupted(store)
         built = not (entry.is_dir() and all((entry / n).is_file() for n in names))
+        if not built:
+            damaged = {n: r for n in names if (r := digest_problem(entry / n)) is not None}
+            if damaged:
+                dest = quarantine_entry(entry, store)
+                why = "; ".join(f"{n}: {r}" for n, r in damaged.items())
+                print(f"{what}: store entry {entry.name} is damaged ({why}); moved to {dest}, computing it again")
+                built = True
+            else:
+                for n in names:
+                    if not digest_record_path(entry / n).exists():
+                        record_digest(entry / n)  # stored before records existed
         if built:
             tmp = store / f".{entry.name}.tmp-{os.getpid()}"
             tmp.mkdir(parents=True)
             try:
                 build([str(tmp / n) for n in names])
+                missing = [n for n in names if not (tmp / n).is_file()]
+                if missing:
+                    raise FileNotFoundError(f"{what}: not written: {', '.join(missing)}")
+                for n in names:
+                    record_digest(tmp / n)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
-            missing = [n for n in names if not (tmp / n).is_file()]
-            if missing:
-                raise FileNotFoundError(f"{what}: not written: {', '.join(missing)}")
             shutil.rmtree(entry, ignore_errors=True)  # an incomplete entry of the same key
             os.replace(tmp, entry)
         else:
             print(f"{what}: found in the store ({entry.name}), not computed again", flush=True)
         for name, output in zip(names, outputs):
-            link_output(entry / name, output)
-        for other in store.iterdir():
+            link_output(entry / name, output, copy=True)
+        for other in store.iterdir():  # the outputs are copies of this entry now: the others go
             if other.is_dir() and other != entry and not other.name.startswith("."):
-                if all(f.stat().st_nlink == 1 for f in other.iterdir() if f.is_file()):
-                    shutil.rmtree(other, ignore_errors=True)
+                shutil.rmtree(other, ignore_errors=True)
     return built
 
 
@@ -285,6 +346,24 @@ def stage_tasks(smk: Any, input_names: list[str]) -> tuple[ShardTask, list[Shard
 def stage_settings(smk: Any) -> dict:
     """The job's params without the stage's shard count: what, with the inputs and code, keys a shard (so a
     shard's entry survives a change of the count, and the entries of stores written when the params held the
-    id list, ``shards``, still match)."""
+    id list, ``shards``, still match). ``smk`` is the job script's ``snakemake`` object, or a Snakemake ``Job``
+    (both have ``params``)."""
     params = {k: v for k, v in smk.params.items() if k not in ("num_shards", "shards")}
     return jsonable(params)
+
+
+def stored_already(job: Any, store: Path, suffix: str, code: str) -> bool:
+    """Whether a planned shard job will only link: its inputs exist and its entry is in the store. What the disk
+    check before a run leaves out (a shard to link takes no space).
+
+    Args:
+        job: a Snakemake ``Job`` of a shard rule (``wildcards.shard``, ``input``, ``params``).
+        store: the stage's store directory.
+        suffix: the entries' extension (``.safetensors``).
+        code: :func:`code_digest` of the stage's job script.
+    """
+    inputs = [str(f) for f in job.input]
+    if not all(os.path.exists(f) for f in inputs):
+        return False
+    key = content_key(inputs, stage_settings(job), code)
+    return (store / f"{job.wildcards.shard}.{key[:32]}{suffix}").is_file()

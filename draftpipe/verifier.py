@@ -26,7 +26,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from draftpipe.io import atomic_dir, sha256_file
+from draftpipe.io import JSONLimitError, atomic_dir, load_json, sha256_file
 from draftpipe.tokenizer_check import check_round_trip
 
 __all__ = [
@@ -200,7 +200,9 @@ def load_verifier_config(path: str | os.PathLike, *, text: bool = False) -> dict
     if not cfg.is_file():
         raise VerifierNotFoundError(f"no config.json in {str(path)!r}: not a Hugging Face model directory")
     try:
-        obj = json.loads(cfg.read_text(encoding="utf-8"))
+        obj = load_json(cfg.read_text(encoding="utf-8"))
+    except JSONLimitError as exc:
+        raise ValueError(f"{cfg}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{cfg}: not valid JSON ({exc.msg})") from exc
     if not isinstance(obj, dict):

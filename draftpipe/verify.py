@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from draftpipe.integrity import CORRUPT, NOTE, STALE, verify_tree
+from draftpipe.layout import STORE
 from draftpipe.provenance import quarantine
 
 
@@ -43,9 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         for src, dest in quarantine(corrupt, args.results_dir):
             print(f"moved {src} -> {dest}")
         if corrupt or stale:
+            # a store entry is no target: the job of its artifact computes it again
+            targets = [c for c in corrupt if f"/{STORE}/" not in f"/{c}"]
             print(
                 f"repair: {len(corrupt)} corrupt artifact(s) quarantined, {len(stale)} stale left in place; "
-                f"rebuild with: {rebuild_command(corrupt, stale)}"
+                f"rebuild with: {rebuild_command(targets, stale)}"
             )
     return 1 if counts[CORRUPT] or counts[STALE] else 0
 

@@ -3,14 +3,16 @@ import functools
 import json
 import os
 import sys
+from pathlib import Path
 
 from draftpipe.plan import DiskSpaceError, check_disk, format_plan, plan
 from draftpipe.chat import template_kwargs, template_sha256
 from draftpipe.fingerprint import NoTrainingPromptsError, prompt_fingerprints
 from draftpipe.hidden_states import check_shards_cached
-from draftpipe.layout import SHARD_HEADER_CACHE, shard_ids
+from draftpipe.layout import SHARD_HEADER_CACHE, STORE, shard_ids
 from draftpipe.provenance import quarantine
 from draftpipe.ranks import slurm_resources
+from draftpipe.stage import code_digest, stored_already
 from draftpipe.config import ConfigError, check_config, report_title, verifier_identity
 from draftpipe.verifier import VerifierNotFoundError, load_verifier_config, resolve_verifier
 
@@ -166,8 +168,7 @@ if workflow.is_main_process:
     if VERIFIER["kind"] == "gguf":
         _verifier_config = None
     elif VERIFIER.get("config_path"):
-        with open(VERIFIER["config_path"]) as _fh:
-            _verifier_config = json.load(_fh)
+        _verifier_config = load_verifier_config(VERIFIER["config_path"])
     else:
         _verifier_config = load_verifier_config(VERIFIER["path"])
     PLAN = plan(config, {**DERIVED, "hidden_size": DERIVED["hidden_size"]}, _verifier_config, prompts_fp())
@@ -178,7 +179,14 @@ def check_disk_before_start():
     """`onstart`: refuse to run when the hidden-state shards this run will write cannot fit (not in dry runs)."""
     if not config["hidden_states"]["disk_check"]:
         return
-    todo = sum(1 for job in workflow.dag.needrun_jobs() if job.rule.name == "hidden_states")
+    # a shard whose result is in the stage store is only linked: it needs no space
+    store = Path("results") / STORE / "hidden_states"
+    code = code_digest([Path(workflow.basedir) / "scripts" / "hidden_states.py"])
+    todo = sum(
+        1
+        for job in workflow.dag.needrun_jobs()
+        if job.rule.name == "hidden_states" and not stored_already(job, store, ".safetensors", code)
+    )
     try:
         check_disk(PLAN, "results/hidden_states", todo, len(SHARDS))
     except DiskSpaceError as exc:

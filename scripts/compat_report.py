@@ -16,6 +16,7 @@ if __name__ == "__main__":
             live_check,
             live_unsupported,
             render_markdown,
+            skip_live_without_prompts,
             verdict_line,
         )
         from draftpipe.engine import speculative_dtype
@@ -60,17 +61,20 @@ if __name__ == "__main__":
             )
             print(f"live check: {counts}")
             ids = [i for _, i in fitted]
-            add_live_findings(
-                rep,
-                live_check(
-                    draft_dir,
-                    p.verifier,
-                    ids,
-                    max_tokens=p.live_max_tokens,
-                    max_model_len=p.max_model_len,
-                    dtype=speculative_dtype(p.dtype),
-                ),
-            )
+            if not ids:
+                skip_live_without_prompts(rep, len(records), snakemake.config["prompts"]["eval_fraction"])
+            else:
+                add_live_findings(
+                    rep,
+                    live_check(
+                        draft_dir,
+                        p.verifier,
+                        ids,
+                        max_tokens=p.live_max_tokens,
+                        max_model_len=p.max_model_len,
+                        dtype=speculative_dtype(p.dtype),
+                    ),
+                )
         elif not p.live:
             rep.live = {"skipped": "live check disabled (report.live_check) or vLLM not installed"}
         md = render_markdown(rep)

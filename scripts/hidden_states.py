@@ -15,8 +15,6 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
     from draftpipe.runtime import engine_parallelism, job
 
     with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-        import shutil
-
         import torch
 
         import draftpipe.extract as ex
@@ -31,49 +29,48 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         store = store_dir(snakemake.output[0], "hidden_states")
 
         def compute(tasks):
-            requests = ex.request_dir(store)  # under the stage lock
-            llm = ex.open_extractor(
-                p.verifier,
-                layer_ids=ex.engine_layer_ids(p.aux_layer_ids, p.num_layers),
-                dtype=p.model_dtype,
-                max_len=p.max_len,
-                seed=0,
-                request_dir=requests,
-                engine=engine_parallelism(snakemake.resources.gpu),
-            )
-            dtype = getattr(torch, p.dtype)
-            # rows of two chat templates fail before any shard is computed (one streaming pass, a hash per row)
-            template = common_template(row_templates([task.inputs[0] for task in tasks]))
-            for task in tasks:
-                samples = ex.build_samples(
-                    llm,
-                    read_jsonl(task.inputs[0]),
-                    aux_ids=p.aux_layer_ids,
-                    num_layers=p.num_layers,
+            with ex.request_dir(store) as requests:  # under the stage lock; removed however compute ends
+                llm = ex.open_extractor(
+                    p.verifier,
+                    layer_ids=ex.engine_layer_ids(p.aux_layer_ids, p.num_layers),
+                    dtype=p.model_dtype,
                     max_len=p.max_len,
-                    dtype=dtype,
+                    seed=0,
                     request_dir=requests,
-                    batch_tokens=snakemake.config["resources"]["hidden_states"]["batch_tokens"],
-                    progress=f"hidden_states shard {task.shard}",
+                    engine=engine_parallelism(snakemake.resources.gpu),
                 )
-                hs.write_shard(
-                    str(task.entry),
-                    samples,
-                    {
-                        "aux_layer_ids": list(p.aux_layer_ids),
-                        "num_layers": p.num_layers,
-                        "hidden_size": p.hidden_size,
-                        "dtype": p.dtype,
-                        "verifier": p.verifier_id,
-                        "chat_template_sha256": template,
-                    },
-                )
-                tokens = sum(int(s["input_ids"].numel()) for s in samples)
-                trained = sum(int(s["loss_mask"].sum()) for s in samples)
-                console(
-                    f"hidden_states shard {task.shard}: {len(samples)} samples, {tokens} tokens ({trained} trained on)"
-                )
-            shutil.rmtree(requests, ignore_errors=True)
+                dtype = getattr(torch, p.dtype)
+                # rows of two chat templates fail before any shard is computed (one streaming pass, a hash per row)
+                template = common_template(row_templates([task.inputs[0] for task in tasks]))
+                for task in tasks:
+                    samples = ex.build_samples(
+                        llm,
+                        read_jsonl(task.inputs[0]),
+                        aux_ids=p.aux_layer_ids,
+                        num_layers=p.num_layers,
+                        max_len=p.max_len,
+                        dtype=dtype,
+                        request_dir=requests,
+                        batch_tokens=snakemake.config["resources"]["hidden_states"]["batch_tokens"],
+                        progress=f"hidden_states shard {task.shard}",
+                    )
+                    hs.write_shard(
+                        str(task.entry),
+                        samples,
+                        {
+                            "aux_layer_ids": list(p.aux_layer_ids),
+                            "num_layers": p.num_layers,
+                            "hidden_size": p.hidden_size,
+                            "dtype": p.dtype,
+                            "verifier": p.verifier_id,
+                            "chat_template_sha256": template,
+                        },
+                    )
+                    tokens = sum(int(s["input_ids"].numel()) for s in samples)
+                    trained = sum(int(s["loss_mask"].sum()) for s in samples)
+                    console(
+                        f"hidden_states shard {task.shard}: {len(samples)} samples, {tokens} tokens ({trained} trained on)"
+                    )
 
         own, shards = stage_tasks(snakemake, ["completions"])
         code = code_digest([Path(snakemake.scriptdir) / "hidden_states.py"])

@@ -384,6 +384,65 @@ SOURCE_ERRORS = [
         "p.jsonl", b"\n  \n\n", None, lambda p: f"{p}: the prompt source has no records", id="blank-lines-only"
     ),
     pytest.param("p.json", b"[]", None, lambda p: f"{p}: the prompt source has no records", id="empty-json-array"),
+    # issue 28: JSON no reader should take as it stands
+    pytest.param(
+        "p.jsonl",
+        jsonl(OK) + b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+        None,
+        lambda p: f"{p}:2: JSON nested more than 64 levels deep",
+        id="nested-past-the-recursion-limit",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl(OK) + b'{"prompt": ' + b"[" * 70 + b"]" * 70 + b"}\n",
+        None,
+        lambda p: f"{p}:2: JSON nested more than 64 levels deep",
+        id="nested-past-the-depth-limit",
+    ),
+    pytest.param(
+        "p.json",
+        b"[" + b"[" * 100_000 + b"]" * 100_000 + b"]",
+        None,
+        lambda p: f"{p}:1: JSON nested more than 64 levels deep",
+        id="json-array-nested-too-deep",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl(OK) + b'{"prompt": "first", "prompt": "second"}\n',
+        None,
+        lambda p: f"{p}:2: key 'prompt' appears twice in one object",
+        id="duplicate-key",
+    ),
+    pytest.param(
+        "p.json",
+        b'[{"prompt": "a"},\n {"prompt": "b", "id": 1, "id": 2}]',
+        None,
+        lambda p: f"{p}:2: key 'id' appears twice in one object",
+        id="duplicate-key-json",
+    ),
+    pytest.param(
+        "p.jsonl",
+        '{"prompt": "Once upon a time"}\n'.encode("utf-16-le"),
+        None,
+        lambda p: f"{p}:1: NUL characters in the line: UTF-16 or UTF-32 text? prompt sources are UTF-8",
+        id="utf-16-without-bom",
+    ),
+    pytest.param(
+        "p.jsonl",
+        b'{"prompt": "a"}\r{"prompt": "b"}\r',
+        None,
+        lambda p: (
+            f"{p}:1: lines end in a carriage return alone (CR, old Mac line ends); JSON Lines need LF or CRLF line ends"
+        ),
+        id="cr-only-line-ends",
+    ),
+    pytest.param(
+        "p.jsonl",
+        jsonl(OK) + b'{"prompt": "a \\ud800 b"}\n',
+        None,
+        lambda p: f"{p}:2: a lone surrogate (\\ud800) in a string: not text a tokenizer can take",
+        id="lone-surrogate",
+    ),
 ]
 
 
@@ -852,6 +911,26 @@ SCHEMA_ERRORS = [
         [{"file": "p.jsonl"}],
         "prompts.sources[0].file: unknown key (known keys: field, ignore, max_records, path, template)",
         id="source-key-misspelt",
+    ),
+    # issue 28: what speculators refuses minutes into the draft job, refused when the workflow is read
+    pytest.param(
+        "draft.loss_fn",
+        "bogus",
+        "draft.loss_fn: 'bogus' is neither a loss of speculators (ce, jsd, kl_div, lk_hybrid, nla, rkl, tv) nor a "
+        """JSON object of them to weights (e.g. '{"ce": 0.1, "tv": 0.9}')""",
+        id="loss-fn-unknown",
+    ),
+    pytest.param(
+        "draft.loss_fn",
+        '{"ce": 0.5, "kl": 0.5}',
+        "draft.loss_fn: 'kl' is not a loss of speculators (ce, jsd, kl_div, lk_hybrid, nla, rkl, tv)",
+        id="loss-fn-weights-unknown-name",
+    ),
+    pytest.param(
+        "draft.loss_fn",
+        '{"ce": "0.5"}',
+        "draft.loss_fn: the weight of 'ce' must be a number, not '0.5'",
+        id="loss-fn-weight-not-a-number",
     ),
 ]
 
@@ -1340,3 +1419,15 @@ def test_a_seed_beyond_32_bits_is_refused_when_the_workflow_is_read(shipped_conf
         f"{key}: -1 is less than the minimum of 0"
     )
     validate_config(_set(copy.deepcopy(shipped_config), key, 2**32 - 1))
+
+
+def test_a_source_path_under_the_home_directory_is_expanded_as_the_verifier_s_is(shipped_config, tmp_path, monkeypatch):
+    """Issue 28: ``~/p.jsonl`` "did not exist" while ``verifier.path`` expands ``~``."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "p.jsonl").write_bytes(jsonl(OK))
+    cfg = copy.deepcopy(shipped_config)
+    cfg["prompts"]["sources"] = [{"path": "~/p.jsonl"}]
+    cfg["bench"]["prompt_sets"] = [{"name": "home", "path": "~/p.jsonl"}]
+    validate_config(cfg)
+    assert cfg["prompts"]["sources"][0]["path"] == str(tmp_path / "p.jsonl")
+    assert cfg["bench"]["prompt_sets"][0]["path"] == str(tmp_path / "p.jsonl")

@@ -481,3 +481,27 @@ def test_cli_exit_code_and_outputs(tmp_path):
         text=True,
     )
     assert out.returncode == 1 and "shape.head_dim" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "records,expected",
+    [
+        (0, "the live check has no prompt to run: the eval split is empty (prompts.eval_fraction: 0.0)"),
+        (
+            2,
+            "the live check has no prompt to run: none of the 2 eval prompt(s) leaves room for the check's tokens "
+            "(completions.too_long)",
+        ),
+    ],
+)
+def test_a_live_check_without_prompts_is_skipped_naming_the_key_not_failed(tmp_path, records, expected):
+    """Issue 28: prompts.eval_fraction 0.0 gave the live check no prompt, and the report failed with "no draft
+    token was accepted ... check aux layer ids" on a sound draft."""
+    from draftpipe.compat import skip_live_without_prompts, verdict_line
+
+    rep = check(write(tmp_path / "d", speculators_config(), tensors()), VERIFIER)
+    skip_live_without_prompts(rep, records, 0.0)
+    assert rep.ok and "live.acceptance" not in rep.ids()
+    [warning] = [f for f in rep.findings if f.id == "live.no_prompts"]
+    assert warning.severity == "warning" and warning.message == expected
+    assert verdict_line(rep).endswith("; live check skipped")

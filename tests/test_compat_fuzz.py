@@ -178,3 +178,21 @@ def test_a_file_cut_anywhere(tmp_path, weights):
     for size in (0, 4, 8, 9, 8 + n // 2, 8 + n, 8 + n + 1, len(weights) // 2, len(weights) - 1):
         rep = run(tmp_path, speculators_config(), weights[:size])
         assert [(f.id, f.field) for f in rep.errors] == [("files.unreadable", "model.safetensors")], size
+
+
+def test_json_nested_past_any_limit_is_a_finding_naming_the_file(tmp_path, weights):
+    """Issue 28: a config.json or a safetensors header nested 100,000 levels deep (Python's JSON reader raises
+    RecursionError near 1,000) is a finding on that file, never a crash."""
+    deep = "[" * 100_000 + "]" * 100_000
+    d = tmp_path / "draft"
+    d.mkdir()
+    (d / "config.json").write_text('{"architectures": ' + deep + "}")
+    (d / "model.safetensors").write_bytes(weights)
+    rep = check(d, VERIFIER)
+    assert [(f.field, f.message) for f in rep.errors] == [
+        ("config.json", f"{d / 'config.json'}: not valid JSON (JSON nested more than 64 levels deep)")
+    ]
+    header = ('{"x": ' + deep + "}").encode()
+    rep = run(tmp_path, speculators_config(), struct.pack("<Q", len(header)) + header)
+    assert [f.field for f in rep.errors] == ["model.safetensors"], rep.ids()
+    assert "header refused (JSON nested more than 64 levels deep)" in rep.errors[0].message

@@ -248,3 +248,67 @@ def test_a_kill_in_every_stage_ends_in_the_uninterrupted_artifacts(built, tmp_pa
         [sys.executable, "-m", "draftpipe.verify", "results"], cwd=work, capture_output=True, text=True
     )
     assert not re.search(r"^(CORRUPT|STALE)", verify.stdout, re.M), verify.stdout[-3000:]
+
+
+def _damage(path: Path, how: str) -> None:
+    """Damage a file in place, as a user or a failing disk would: ``truncate`` it or flip bytes in its middle."""
+    os.chmod(path, 0o644)  # store entries are read-only; root (and the owner, with chmod) can still write them
+    if how == "truncate":
+        os.truncate(path, 1000)
+    else:
+        with open(path, "r+b") as fh:
+            fh.seek(path.stat().st_size // 2)
+            chunk = fh.read(4)
+            fh.seek(-len(chunk), os.SEEK_CUR)
+            fh.write(bytes(b ^ 0xFF for b in chunk))
+
+
+def _verify(work: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "draftpipe.verify", "results", *args], cwd=work, capture_output=True, text=True
+    )
+
+
+def test_damage_in_place_is_repaired_to_the_uninterrupted_bytes_and_never_linked_again(built, tmp_path):
+    """Issue 28's probe: the draft truncated, a hidden-state shard and a completions file with bytes flipped, in
+    place. ``--repair`` quarantines them (and the store entries the shards are, the same files); the rebuild
+    computes the shards again (their damaged entries are never linked) and copies the draft back from its entry,
+    which damage to the output could not reach. Every artifact ends with the bytes of the uninterrupted run."""
+    work = tmp_path / "workflow"
+    subprocess.run(["cp", "-a", str(built), str(work)], check=True)  # hard links kept
+    damaged = {
+        "results/draft/model.safetensors": "truncate",
+        "results/hidden_states/train_00001.safetensors": "flip",
+        "results/completions/train_00000.jsonl": "flip",
+    }
+    for rel, how in damaged.items():
+        _damage(work / rel, how)
+    found = _verify(work)
+    assert found.returncode == 1
+    for rel in damaged:
+        assert re.search(rf"^CORRUPT {re.escape(rel)}: ", found.stdout, re.M), found.stdout
+    # the shard outputs are their store entries: those are found damaged too
+    assert re.search(
+        r"^CORRUPT results/\.store/hidden_states/00001\.\w+\.safetensors: store entry: sha256 ", found.stdout, re.M
+    )
+    assert re.search(
+        r"^CORRUPT results/\.store/completions/00000\.\w+\.jsonl: store entry: sha256 ", found.stdout, re.M
+    )
+    # the draft's entry is not: its output is a copy
+    assert not re.search(r"^CORRUPT results/\.store/draft/", found.stdout, re.M), found.stdout
+
+    repair = _verify(work, "--repair")
+    command = re.search(r"rebuild with: snakemake (.*)$", repair.stdout, re.M)
+    assert command, repair.stdout
+    assert ".store" not in command.group(1)
+    assert _verify(work).returncode == 1  # missing artifacts: their dependents' inputs are missing
+    rebuild = snakemake(work, *command.group(1).split(), TARGET)
+    log = rebuild.stdout + rebuild.stderr
+    assert "draft: found in the store" in (work / "results/logs/draft.log").read_text()
+
+    mine, ref = artifacts(work), artifacts(built)
+    assert sorted(mine) == sorted(ref)
+    differ = [n for n, p in mine.items() if n != "results/draft/config.json" and sha256_file(p) != sha256_file(ref[n])]
+    assert differ == [], log[-3000:]
+    clean = _verify(work)
+    assert clean.returncode == 0 and "0 corrupt, 0 stale" in clean.stdout, clean.stdout[-3000:]

@@ -338,3 +338,14 @@ def test_float8_shard_without_its_scales_or_with_bad_scales_is_named(tmp_path):
         validate_shard(str(path))
     with pytest.raises(ValueError, match="hidden_states.dtype: 'int8'"):
         quantize_sample(good, "int8")
+
+
+def test_a_header_nested_past_any_limit_is_named_not_raised(tmp_path):
+    """Issue 28: a shard header nested 100,000 levels deep is a damaged shard (quarantined like any other), not
+    a RecursionError that breaks every later parse of the workflow."""
+    deep = tmp_path / "deep.safetensors"
+    header = b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    deep.write_bytes(len(header).to_bytes(8, "little") + header)
+    assert check_shard_header(str(deep)) == "header refused (JSON nested more than 64 levels deep)"
+    with pytest.raises(ShardError, match="header refused"):
+        validate_shard(str(deep))

@@ -433,10 +433,11 @@ def test_a_failed_rebuild_of_the_draft_loses_nothing(built, tmp_path):
         return {n: hashlib.sha256((work / "results/draft" / n).read_bytes()).hexdigest() for n in names}
 
     before = digests()
-    broken = variant(work, "broken", lambda c: c["draft"].update(loss_fn="no_such_loss"))
+    # a new knob with a floor the job cannot meet: the draft job runs (Snakemake removes the outputs) and fails
+    broken = variant(work, "broken", lambda c: c["draft"].update(lr=0.5, min_train_samples=10**6))
     proc = snakemake(work, "results/draft/model.safetensors", "--configfile", broken, check=False)
     assert proc.returncode != 0
-    assert "no_such_loss" in (work / "results/logs/draft.log").read_text()
+    assert "below draft.min_train_samples=1000000" in (work / "results/logs/draft.log").read_text()
     assert not any((work / "results/draft" / n).exists() for n in names)  # Snakemake removed them
     # the config that built the draft: its job runs (the outputs are missing) and links the stored draft back
     assert planned_jobs(work) == {"draft": 1}
@@ -467,6 +468,30 @@ def test_config_schema_errors_name_the_key(tmp_path):
     cfg = variant(work, "bad_aux", lambda c: c["hidden_states"].update(aux_layer_ids=[1, 2, 9]))
     proc = snakemake(work, "-n", "--configfile", cfg, check=False)
     assert proc.returncode != 0 and "hidden_states.aux_layer_ids" in proc.stdout + proc.stderr
+
+
+def test_a_config_file_with_yte_templating_is_refused_as_draftpipe_config_refuses_it(tmp_path):
+    """Issue 28: a --configfile with ``__use_yte__: true`` had its Python run by Snakemake's reader and the
+    workflow accepted the result. Snakemake reads --configfile files before the workflow starts, so their code
+    runs; the workflow then stops with draftpipe-config's message. In config.yaml it is refused before it runs."""
+    from draftpipe.config import YTE_REFUSED
+
+    work = copy_workflow(tmp_path / "wf")
+    marker = tmp_path / "ran"
+    yte = tmp_path / "yte.yaml"
+    yte.write_text(f"__use_yte__: true\ncompletions:\n  seed: ?__import__('pathlib').Path('{marker}').touch() or 4\n")
+    proc = snakemake(work, "-n", "--configfile", str(yte), check=False)
+    assert proc.returncode != 0
+    assert f"config error: {yte}: {YTE_REFUSED}" in proc.stderr
+    cli = subprocess.run([sys.executable, "-m", "draftpipe.config", str(yte)], capture_output=True, text=True)
+    assert cli.returncode != 0 and f"config error: {yte}: {YTE_REFUSED}" in cli.stdout + cli.stderr
+    marker.unlink(missing_ok=True)
+    (work / "config.yaml").write_text(
+        yte.read_text() + (work / "config.yaml").read_text().replace("completions:", "x_completions:", 1)
+    )
+    proc = snakemake(work, "-n", check=False)
+    assert proc.returncode != 0 and f"config error: config.yaml: {YTE_REFUSED}" in proc.stderr
+    assert not marker.exists()  # refused before Snakemake's reader ran it
 
 
 def test_malformed_prompt_line_fails_before_any_job_with_file_and_line(tmp_path):

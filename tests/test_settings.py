@@ -54,3 +54,14 @@ def test_fill_defaults_keeps_what_is_set_and_copies_defaults():
     assert first == {"a": {"x": [1]}, "b": [{"y": 2}, {"y": 5}]}
     first["a"]["x"].append(9)
     assert second["a"]["x"] == [1]
+
+
+def test_the_loss_names_checked_when_the_workflow_is_read_are_speculators():
+    from speculators.losses import utils
+
+    from draftpipe.config import LOSS_FUNCTIONS, check_loss_fn
+
+    assert set(LOSS_FUNCTIONS) == set(utils._FUSED_LOSS_FN_MAP) == set(utils._EAGER_LOSS_FN_MAP)
+    for spec in [*LOSS_FUNCTIONS, '{"ce": 0.1, "tv": 0.9}']:
+        check_loss_fn(spec)  # accepted here
+        assert utils.resolve_loss_config(spec)  # and by speculators

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -188,7 +190,10 @@ def test_temporary_files_of_a_killed_job_are_swept_under_the_lock(tmp_path):
     left.write_text("PROM")
     job(tmp_path, 0, calls)
     assert not left.exists()
-    assert sorted(p.name for p in store.iterdir() if p.name.startswith(".")) == [".lock"]
+    # no temporary file: the lock and one digest record per entry
+    hidden = sorted(p.name for p in store.iterdir() if p.name.startswith("."))
+    assert hidden == sorted([".lock", *(f".{e.name}.sha256" for e in store.glob("0000*.txt"))])
+    assert len(hidden) == 4
     assert (tmp_path / "out" / "train_00000.txt").read_text() == "PROMPT 0\n"
 
 
@@ -231,7 +236,8 @@ def test_a_failed_rebuild_loses_nothing_and_the_old_config_links_its_result_back
     assert "draft: found in the store" in capsys.readouterr().out
     out = tmp_path / "draft" / "model.safetensors"
     [entry] = [p for p in (tmp_path / "store").iterdir() if not p.name.startswith(".")]
-    assert os.stat(out).st_ino == os.stat(entry / "model.safetensors").st_ino  # a hard link, no copy
+    assert os.stat(out).st_ino != os.stat(entry / "model.safetensors").st_ino  # a copy: damage to it stays there
+    assert os.stat(entry / "model.safetensors").st_mode & 0o777 == 0o444
     # the failed build left no temporary directory: only the linked entry is there
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [".lock", entry.name]
 
@@ -246,3 +252,159 @@ def test_a_new_result_replaces_the_entries_nothing_links(tmp_path):
     assert calls == ["a", "b", "a"]
     with pytest.raises(ValueError, match="distinct file names"):
         run_stored(tmp_path / "store", "k" * 64, [str(tmp_path / "x/m"), str(tmp_path / "y/m")], lambda paths: None)
+
+
+def test_damage_to_the_draft_never_reaches_its_entry_and_the_rebuild_copies_it_back(tmp_path, capsys):
+    calls: list = []
+    _draft_job(tmp_path, "a", calls)
+    out = tmp_path / "draft" / "model.safetensors"
+    with open(out, "r+") as fh:  # damage in place
+        fh.truncate(3)
+    assert _draft_job(tmp_path, "a", calls) is False  # Snakemake removed the damaged output; the entry is sound
+    assert calls == ["a"] and _draft(tmp_path) == ["weights a\n", "config a\n", "metrics a\n"]
+
+
+def test_a_damaged_draft_entry_is_quarantined_and_built_again(tmp_path, capsys):
+    calls: list = []
+    _draft_job(tmp_path, "a", calls)
+    [entry] = [p for p in (tmp_path / "store").iterdir() if not p.name.startswith(".")]
+    model = entry / "model.safetensors"
+    os.chmod(model, 0o644)
+    data = bytearray(model.read_bytes())
+    data[2] ^= 0xFF  # flipped in place: same size, new ctime
+    model.write_bytes(bytes(data))
+    assert _draft_job(tmp_path, "a", calls) is True
+    assert calls == ["a", "a"] and _draft(tmp_path) == ["weights a\n", "config a\n", "metrics a\n"]
+    out = capsys.readouterr().out
+    want = f"draft: store entry {entry.name} is damaged (model.safetensors: sha256 "
+    assert want in out and "!= recorded" in out and "computing it again" in out
+    [moved] = list((tmp_path / ".quarantine").glob(f"*/store/{entry.name}/model.safetensors"))
+    assert moved.read_bytes() == bytes(data)  # kept for inspection, never deleted
+
+
+def test_a_damaged_shard_entry_is_quarantined_before_it_is_linked(tmp_path, capsys):
+    """The probe of issue 28: the output is damaged in place (it is its entry), removed by --repair, and the rerun
+    recomputes the shard instead of linking the damaged bytes."""
+    calls = []
+    for i in range(3):
+        job(tmp_path, i, calls)
+    out = tmp_path / "out" / "train_00001.txt"
+    assert os.stat(out).st_mode & 0o777 == 0o444  # read-only: the entry's mode
+    os.chmod(out, 0o644)
+    with open(out, "r+") as fh:
+        fh.write("X")  # same size: only the digest tells
+    out.unlink()
+    res = job(tmp_path, 1, calls)
+    assert res["computed"] == ["00001"] and out.read_text() == "PROMPT 1\n"
+    log = capsys.readouterr().out
+    assert re.search(
+        r"shard 00001: store entry 00001\.\w+\.txt is damaged \(sha256 \w{12}\.\.\. != recorded \w{12}\.\.\.\); moved to ",
+        log,
+    )
+
+
+def test_an_entry_untouched_since_its_record_is_not_hashed_again(tmp_path, monkeypatch):
+    from draftpipe import provenance
+
+    entry = tmp_path / "e.bin"
+    entry.write_bytes(b"abc" * 1000)
+    digest = provenance.record_digest(entry)
+    assert len(digest) == 64 and provenance.digest_problem(entry) is None
+    reads = []
+    monkeypatch.setattr(provenance, "sha256_file", lambda p: reads.append(p) or "0" * 64)
+    assert provenance.digest_problem(entry) is None and reads == []
+    assert provenance.digest_problem(entry, full=True) == f"sha256 {'0' * 12}... != recorded {digest[:12]}..."
+    os.chmod(entry, 0o644)
+    entry.write_bytes(b"abd" * 1000)
+    assert provenance.digest_problem(entry) == f"sha256 {'0' * 12}... != recorded {digest[:12]}..."
+    entry.write_bytes(b"ab")
+    assert provenance.digest_problem(entry) == "size 2 != recorded 3000"
+    provenance.digest_record_path(entry).write_text("nonsense\n")
+    assert provenance.digest_problem(entry) == "digest record .e.bin.sha256 unreadable"
+
+
+def test_a_job_forced_beside_another_leaves_no_stray_link(tmp_path):
+    from draftpipe.stage import link_output
+
+    entry = tmp_path / "store" / "e.txt"
+    entry.parent.mkdir()
+    entry.write_text("x\n")
+    out = tmp_path / "out" / "train_00000.txt"
+    link_output(entry, str(out))
+    link_output(entry, str(out))  # the second job of a forced pair: the output already is the entry
+    assert sorted(p.name for p in out.parent.iterdir()) == ["train_00000.txt"]
+    assert out.stat().st_ino == entry.stat().st_ino
+
+
+def test_the_disk_check_counts_only_the_shards_it_must_compute(tmp_path):
+    """Issue 28: a rerun was refused for lack of disk although its shards were stored and would only be linked."""
+    from types import SimpleNamespace
+
+    from draftpipe.stage import stored_already
+
+    calls = []
+    job(tmp_path, 0, calls)  # stores every shard of the stage
+
+    def planned(shard: str, t: float, exists: bool = True):
+        inp = tmp_path / "in" / f"train_{shard}.txt"
+        if not exists:
+            inp = tmp_path / "in" / "missing.txt"
+        return SimpleNamespace(
+            input=[str(inp)], params={"t": t, "num_shards": 3}, wildcards=SimpleNamespace(shard=shard)
+        )
+
+    assert stored_already(planned("00001", 0.8), tmp_path / "store", ".txt", "code-v1")
+    assert not stored_already(planned("00001", 0.9), tmp_path / "store", ".txt", "code-v1")  # a changed knob
+    assert not stored_already(planned("00001", 0.8), tmp_path / "store", ".txt", "code-v2")  # a changed script
+    assert not stored_already(planned("00001", 0.8, exists=False), tmp_path / "store", ".txt", "code-v1")
+
+
+def test_a_full_disk_leaves_no_request_files_behind(tmp_path):
+    """Issue 28: a hidden-state job that hit ENOSPC left ``.requests-<pid>`` (15 MB, 101 files) in the store."""
+    import errno
+
+    from draftpipe.extract import REQUESTS_PREFIX, request_dir
+
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / f"{REQUESTS_PREFIX}12345").mkdir()  # a killed job's
+    with pytest.raises(OSError, match="No space left on device"), request_dir(store) as requests:
+        (requests / "00000000.safetensors").write_bytes(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert list(store.iterdir()) == []
+
+
+def test_a_job_forced_beside_another_writes_its_own_log(tmp_path):
+    """Issue 28: the second of two jobs forced side by side (``--unlock``) truncated the first's log."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    log = tmp_path / "logs" / "draft.log"
+    script = (
+        "import sys, time\n"
+        "from draftpipe import runtime\n"
+        "runtime.LOG_LOCK_WAIT_S = 0.5\n"
+        f"runtime.redirect_output({str(log)!r})\n"
+        "print(sys.argv[1], flush=True)\n"
+        "time.sleep(float(sys.argv[2]))\n"
+    )
+
+    def start(word: str, hold: float):
+        return subprocess.Popen(
+            [sys.executable, "-c", script, word, str(hold)], cwd=REPO, stderr=subprocess.PIPE, text=True
+        )
+
+    first = start("first", 4)
+    deadline = time.monotonic() + 30
+    while not (log.exists() and log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = start("second", 0)
+    assert second.wait(30) == 0
+    assert first.wait(30) == 0
+    own = tmp_path / "logs" / f"draft.log.{second.pid}"
+    assert log.read_text() == "first\n" and own.read_text() == "second\n"
+    assert f"draftpipe: another job is writing {log}; this job's log is {own}" in second.stderr.read()
+    first.stderr.close()
+    second.stderr.close()
