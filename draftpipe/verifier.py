@@ -435,10 +435,7 @@ class UnsupportedGGUFError(ValueError):
 
 def _gguf_value(reader, key: str):
     field = reader.get_field(key)
-    if field is None:
-        return None
-    value = field.contents()
-    return value
+    return None if field is None else field.contents()
 
 
 @functools.lru_cache(maxsize=8)
@@ -460,6 +457,11 @@ def _gguf_metadata(path: str, size: int, mtime_ns: int) -> dict:
     head_dim = num("attention.key_length") or (hidden // heads if hidden and heads else None)
     types = sorted({t.tensor_type.name for t in reader.tensors})
     template = _gguf_value(reader, "tokenizer.chat_template")
+    n_tokens = len(tokens.data) if tokens is not None else 0
+    # ids outside the vocabulary (0xFFFFFFFF in llama.cpp's llama2.c conversion); a valid padding id (SmolLM2's 2) stays
+    invalid = [
+        k for k in BAD_GGUF_METADATA_KEYS if (v := _gguf_value(reader, k)) is not None and not 0 <= int(v) < n_tokens
+    ]
     return {
         "architecture": arch,
         "name": _gguf_value(reader, "general.name"),
@@ -475,6 +477,7 @@ def _gguf_metadata(path: str, size: int, mtime_ns: int) -> dict:
         "vocab_size": len(tokens.data) if tokens is not None else None,
         "tensor_types": types,
         "quantized": [t for t in types if t not in _FLOAT_GGUF_TYPES],
+        "invalid_token_id_keys": invalid,
     }
 
 
@@ -490,7 +493,8 @@ def gguf_metadata(path: str | os.PathLike) -> dict:
         ``add_bos_token`` (None when absent), ``context_length``, ``hidden_size``, ``num_hidden_layers``,
         ``num_attention_heads``, ``num_key_value_heads``, ``head_dim`` (``attention.key_length``, else hidden size
         / heads), ``vocab_size`` (tokens), ``tensor_types`` (sorted names, e.g. ``["F32", "Q4_1", "Q8_0"]``) and
-        ``quantized`` (the types that are not plain floats). For stories260K: llama, llama, None, None, 2048, 64,
+        ``quantized`` (the types that are not plain floats), ``invalid_token_id_keys`` (the keys of
+        :data:`BAD_GGUF_METADATA_KEYS` holding an id outside the vocabulary). For stories260K: llama, llama, None, None, 2048, 64,
         5, 8, 4, 8, 512, ``["F32"]``, ``[]``; for SmolLM2-135M-Instruct Q4_1: llama, gpt2, its ChatML template,
         False, 8192, 576, 30, 9, 3, 64, 49152.
 
@@ -710,7 +714,12 @@ def convert_gguf(
     with atomic_dir(out) as build:
         with tempfile.TemporaryDirectory(prefix="draftpipe-gguf-") as td:
             fixed_name = "model.gguf"
-            removed = strip_gguf_metadata(src, Path(td) / fixed_name, _invalid_token_id_keys(src))
+            bad_keys = tuple(meta["invalid_token_id_keys"])
+            if bad_keys:
+                removed = strip_gguf_metadata(src, Path(td) / fixed_name, bad_keys)
+            else:  # nothing to remove: the loader reads the file itself, not a copy of it
+                os.symlink(Path(src).resolve(), Path(td) / fixed_name)
+                removed = []
             tokenizer = AutoTokenizer.from_pretrained(td, gguf_file=fixed_name)
             gmodel = AutoModelForCausalLM.from_pretrained(td, gguf_file=fixed_name)
         gcfg = gmodel.config
@@ -792,22 +801,6 @@ def convert_gguf(
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "files": files,
     }
-
-
-def _invalid_token_id_keys(src: Path) -> tuple[str, ...]:
-    """The keys of :data:`BAD_GGUF_METADATA_KEYS` that hold an id outside the vocabulary (0xFFFFFFFF in llama.cpp's
-    llama2.c conversion); a valid padding id (SmolLM2's 2) is kept."""
-    import gguf
-
-    reader = gguf.GGUFReader(os.fspath(src), "r")
-    tokens = reader.get_field("tokenizer.ggml.tokens")
-    n = len(tokens.data) if tokens is not None else 0
-    bad = []
-    for key in BAD_GGUF_METADATA_KEYS:
-        field = reader.get_field(key)
-        if field is not None and not 0 <= int(field.contents()) < n:
-            bad.append(key)
-    return tuple(bad)
 
 
 #: Tokenizer files copied from ``tokenizer_dir`` by :func:`build_random_verifier`.
