@@ -8,7 +8,7 @@ from snakemake.utils import min_version
 
 min_version("9.0")
 
-from draftpipe.config import ConfigError, load_config_file, validate_config
+from draftpipe.workflow.config import ConfigError, load_config_file, validate_config
 
 try:
     # Snakemake's own reader names no file or line for a broken YAML (a tab, a bad indent); ours does. Ours also

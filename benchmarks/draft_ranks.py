@@ -23,12 +23,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the transformers oracle (tests/helpers/oracle.py)
 AUX = [1, 2, 4]
 
 TRAIN = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING)
-from draftpipe.draft import DraftSettings, train_draft
+from draftpipe.stages.draft.training import DraftSettings, train_draft
 verifier, maps, work, epochs, ranks, per_step, threads, fsdp = sys.argv[1:9]
 shards = sys.argv[9:]
 import torch
@@ -41,12 +42,13 @@ train_draft(verifier, shards, maps, work, s, ranks=int(ranks), threads=int(threa
 def build_data(out: Path) -> tuple[str, list[str], str]:
     """The embedded verifier, two hidden-state shards of the TinyStories prompts and their vocab maps."""
     import torch
+    from helpers.oracle import build_sample, load_verifier_model
     from transformers import AutoTokenizer
 
-    from draftpipe.hidden_states import build_sample, load_verifier_model, write_shard
-    from draftpipe.io import read_jsonl
-    from draftpipe.verifier import convert_gguf
-    from draftpipe.vocab import build_maps, count_tokens, write_maps
+    from draftpipe.core.io import read_jsonl
+    from draftpipe.formats.hidden_states import write_shard
+    from draftpipe.formats.vocab import build_maps, count_tokens, write_maps
+    from draftpipe.stages.verifier import convert_gguf
 
     verifier = out / "verifier"
     convert_gguf(REPO / "draftpipe/data/stories260K/stories260K.gguf", verifier, max_position_embeddings=512)

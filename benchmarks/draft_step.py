@@ -8,7 +8,7 @@ the same packed batches of hidden states (TinyStories prompts run through the ve
 
 - ``sdpa``: the attention speculators trains with on a CPU (``speculators train --draft-attn-impl sdpa``; its
   default, flex attention, needs a GPU): every query against every key of every TTT step under a dense mask;
-- ``packed``: :mod:`draftpipe.attention`, what the ``draft`` rule trains with on a CPU: the same values over only
+- ``packed``: :mod:`draftpipe.stages.draft.attention`, what the ``draft`` rule trains with on a CPU: the same values over only
   the columns that attend.
 
 Each timed step follows two warm-up steps; the figure is the median over ``--steps``. The loss and gradients of
@@ -35,8 +35,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 def make_model(verifier: str, maps: str, attn: str, seq_len: int):
     import torch
 
-    from draftpipe.draft import DraftSettings, attention_implementation, build_draft
-    from draftpipe.vocab import read_maps
+    from draftpipe.formats.vocab import read_maps
+    from draftpipe.stages.draft.training import DraftSettings, attention_implementation, build_draft
 
     d2t, t2d, vd = read_maps(maps)
     s = DraftSettings(num_layers=1, ttt_steps=3, lr=3e-3, total_seq_len=seq_len, seed=0)
@@ -51,9 +51,9 @@ def batches(shards: list[str], seq_len: int, n: int) -> list[dict]:
     from speculators.train.data import CollateFn
     from torch.utils.data import DataLoader
 
-    from draftpipe.draft import _dataset_class
-    from draftpipe.hidden_states import read_shard_metadata
-    from draftpipe.ranks import StepBatchSampler
+    from draftpipe.formats.hidden_states import read_shard_metadata
+    from draftpipe.stages.draft.ranks import StepBatchSampler
+    from draftpipe.stages.draft.training import _dataset_class
 
     hidden = read_shard_metadata(shards[0])["hidden_size"]
     ds = _dataset_class()(shards, seq_len, "train", 0, torch.float32)
@@ -110,10 +110,16 @@ def agreement(verifier: str, maps: str, batch: dict, seq_len: int) -> dict:
 
 
 def fp8_shards(shards: list[str], out: Path) -> tuple[list[str], float]:
-    """The shards re-stored as float8 (:func:`draftpipe.hidden_states.quantize_sample`); the bytes ratio."""
+    """The shards re-stored as float8 (:func:`draftpipe.formats.hidden_states.quantize_sample`); the bytes ratio."""
     import torch
 
-    from draftpipe.hidden_states import dequantize_sample, iter_shard, quantize_sample, read_shard_metadata, write_shard
+    from draftpipe.formats.hidden_states import (
+        dequantize_sample,
+        iter_shard,
+        quantize_sample,
+        read_shard_metadata,
+        write_shard,
+    )
 
     paths, before, after = [], 0, 0
     for src in shards:

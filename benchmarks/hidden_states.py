@@ -4,7 +4,7 @@
 
 Three ways over the same sequences (prompt + completion token ids):
 
-- ``extract``: vLLM with ``extract_hidden_states`` and draftpipe's connector (:func:`draftpipe.extract.build_samples`,
+- ``extract``: vLLM with ``extract_hidden_states`` and draftpipe's connector (:func:`draftpipe.stages.extract.build_samples`,
   what the ``hidden_states`` rule runs), states written, read back and folded into samples;
 - ``prefill``: the same engine settings without the speculative method and the connector, the same batch with
   ``max_tokens=1``: the bare prefill that extraction adds to;
@@ -32,10 +32,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BATCHED_TOKENS = 4096  # the same scheduler budget for both engines (vLLM's default differs with a speculative method)
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the transformers oracle (tests/helpers/oracle.py)
 
 
 def _rows(verifier: str, completions: str | None, n: int) -> list[dict]:
-    from draftpipe.io import read_jsonl
+    from draftpipe.core.io import read_jsonl
 
     if completions:
         return read_jsonl(completions)[:n]
@@ -59,8 +60,8 @@ def _rows(verifier: str, completions: str | None, n: int) -> list[dict]:
 def _phase(name: str, verifier: str, rows_file: str, aux: list[int]) -> dict:
     import torch
 
-    import draftpipe.extract as ex
-    from draftpipe.io import read_jsonl
+    import draftpipe.stages.extract as ex
+    from draftpipe.core.io import read_jsonl
 
     rows = read_jsonl(rows_file)
     # the warm-up pass runs other token sequences (reversed), so the timed pass finds nothing in the prefix cache
@@ -76,7 +77,7 @@ def _phase(name: str, verifier: str, rows_file: str, aux: list[int]) -> dict:
     result = {"tokens": tokens, "sequences": len(seqs)}
     t0 = time.perf_counter()
     if name == "transformers":
-        from draftpipe.hidden_states import build_sample, load_verifier_model
+        from helpers.oracle import build_sample, load_verifier_model
 
         model = load_verifier_model(verifier, "float32")
         result["start_s"] = time.perf_counter() - t0
@@ -109,7 +110,7 @@ def _phase(name: str, verifier: str, rows_file: str, aux: list[int]) -> dict:
     else:
         from vllm import LLM, SamplingParams
 
-        from draftpipe.completions import engine_kwargs
+        from draftpipe.stages.completions import engine_kwargs
 
         llm = LLM(
             **engine_kwargs(
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         verifier = args.verifier
         if verifier is None:
-            from draftpipe.verifier import convert_gguf
+            from draftpipe.stages.verifier import convert_gguf
 
             verifier = str(Path(tmp) / "stories260K")
             convert_gguf(REPO / "draftpipe/data/stories260K/stories260K.gguf", verifier, max_position_embeddings=512)

@@ -40,7 +40,7 @@ def write_tiny_shard(path: Path) -> None:
     import torch
 
     sys.path.insert(0, str(REPO))
-    from draftpipe.hidden_states import write_shard
+    from draftpipe.formats.hidden_states import write_shard
 
     sample = {
         "input_ids": torch.arange(4),

@@ -5,16 +5,16 @@ import os
 import sys
 from pathlib import Path
 
-from draftpipe.plan import DiskSpaceError, check_disk, format_plan, plan
-from draftpipe.chat import template_kwargs, template_sha256
-from draftpipe.fingerprint import NoTrainingPromptsError, prompt_fingerprints
-from draftpipe.hidden_states import check_shards_cached
-from draftpipe.layout import SHARD_HEADER_CACHE, STORE, shard_ids
-from draftpipe.provenance import quarantine
-from draftpipe.ranks import slurm_resources
-from draftpipe.stage import code_digest, stored_already
-from draftpipe.config import ConfigError, check_config, report_title, verifier_identity
-from draftpipe.verifier import VerifierNotFoundError, load_verifier_config, resolve_verifier
+from draftpipe.workflow.plan import DiskSpaceError, check_disk, format_plan, plan
+from draftpipe.formats.chat import template_kwargs, template_sha256
+from draftpipe.workflow.fingerprint import NoTrainingPromptsError, prompt_fingerprints
+from draftpipe.formats.hidden_states import check_shards_cached
+from draftpipe.core.layout import SHARD_HEADER_CACHE, STORE, shard_ids
+from draftpipe.formats.provenance import quarantine
+from draftpipe.core.gpus import slurm_resources
+from draftpipe.runtime.store import code_digest, stored_already
+from draftpipe.workflow.config import ConfigError, check_config, report_title, verifier_identity
+from draftpipe.formats.verifier import VerifierNotFoundError, load_verifier_config, resolve_verifier
 
 try:
     _config_json = config["verifier"].get("config_json")
@@ -70,7 +70,7 @@ LIVE_CHECK = bool(_live)
 SHARDS = shard_ids(config["prompts"]["num_shards"])
 
 # What each part of the prompt set (training shards, eval split) will hold, known before any job runs: a part's
-# job is planned when its fingerprint changes (see draftpipe/fingerprint.py and rules/prompts.smk). The sources are
+# job is planned when its fingerprint changes (see draftpipe/workflow/fingerprint.py and rules/prompts.smk). The sources are
 # read where the fingerprints are needed: when the main process plans, and in a prompt_shard job itself; a cluster
 # job of another stage reads the workflow without reading them.
 @functools.cache
@@ -147,7 +147,7 @@ def stage_resources(stage):
         if value and (key != "gpu_model" or out["gpu"] > 0):
             out[name] = value
     if stage == "draft" and res("draft", "nodes") > 1:
-        # several nodes: GPUs per node as gres, one torchrun task per node (draftpipe.ranks.slurm_resources)
+        # several nodes: GPUs per node as gres, one torchrun task per node (draftpipe.stages.draft.ranks.slurm_resources)
         out.update(slurm_resources(config["resources"]["draft"]))
         out.pop("gpu")
         if "gpu_model" in out and "gres" in out:  # the plugin would add --gpus=<model>:1

@@ -6,7 +6,7 @@ rule completions:
     output:
         "results/completions/train_{shard}.jsonl",
     params:
-        # the stage's shards (ids 00000..num_shards-1): the first job fills every stale one (draftpipe/stage.py); a
+        # the stage's shards (ids 00000..num_shards-1): the first job fills every stale one (draftpipe/runtime/store.py); a
         # count, not the id list, which would make every job's params, and the dry run, grow with the shard count
         num_shards=len(SHARDS),
         verifier=VERIFIER_DIR,

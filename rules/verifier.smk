@@ -12,7 +12,7 @@ if VERIFIER["kind"] == "gguf":
             generation_config="results/verifier/generation_config.json",
         params:
             verifier_id=VERIFIER_ID,
-            # what the settings resolve to for this GGUF (draftpipe.config.gguf_conversion): null head_dim and
+            # what the settings resolve to for this GGUF (draftpipe.workflow.config.gguf_conversion): null head_dim and
             # context are the model's own, so the param holds the value the conversion writes
             head_dim=DERIVED["gguf"]["head_dim"],
             max_position_embeddings=DERIVED["gguf"]["max_position_embeddings"],

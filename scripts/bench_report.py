@@ -6,12 +6,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
-from draftpipe.runtime import job
+from draftpipe.runtime.job import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-    from draftpipe.bench import plot, plot_training, render_report
-    from draftpipe.gates import check_acceptance
-    from draftpipe.io import write_text
+    from draftpipe.bench.benchmark import plot, plot_training, render_report
+    from draftpipe.core.gates import check_acceptance
+    from draftpipe.core.io import write_text
 
     style = snakemake.params.style
     summary = json.loads(Path(snakemake.input.summary).read_text())

@@ -6,18 +6,18 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
-    from draftpipe.runtime import engine_parallelism, job
+    from draftpipe.runtime.job import engine_parallelism, job
 
     with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
         import pandas as pd
 
-        from draftpipe.bench import benchmark, summary_line
-        from draftpipe.chat import planned_template, verifier_tokenizer
-        from draftpipe.completions import encode_and_fit
-        from draftpipe.engine import speculative_dtype
-        from draftpipe.io import atomic_path, read_jsonl, write_json
-        from draftpipe.progress import console
-        from draftpipe.prompts import load_prompts
+        from draftpipe.bench.benchmark import benchmark, summary_line
+        from draftpipe.core.io import atomic_path, read_jsonl, write_json
+        from draftpipe.core.progress import console
+        from draftpipe.formats.chat import planned_template, verifier_tokenizer
+        from draftpipe.formats.prompts import load_prompts
+        from draftpipe.inference.engine import speculative_dtype
+        from draftpipe.stages.completions import encode_and_fit
 
         p = snakemake.params
         s = p.settings

@@ -7,10 +7,10 @@ if __name__ == "__main__":
 
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
-    from draftpipe.runtime import job
+    from draftpipe.runtime.job import job
 
     with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-        from draftpipe.compat import (
+        from draftpipe.checks.compat import (
             add_live_findings,
             check,
             live_check,
@@ -19,9 +19,9 @@ if __name__ == "__main__":
             skip_live_without_prompts,
             verdict_line,
         )
-        from draftpipe.engine import speculative_dtype
-        from draftpipe.io import read_jsonl, write_json, write_text
-        from draftpipe.progress import console
+        from draftpipe.core.io import read_jsonl, write_json, write_text
+        from draftpipe.core.progress import console
+        from draftpipe.inference.engine import speculative_dtype
 
         p = snakemake.params
         draft_dir = str(Path(snakemake.input.model).parent)
@@ -39,8 +39,8 @@ if __name__ == "__main__":
             )
             rep.live = {"skipped": unsupported}
         elif p.live and rep.ok:
-            from draftpipe.chat import planned_template, verifier_tokenizer
-            from draftpipe.completions import encode_and_fit
+            from draftpipe.formats.chat import planned_template, verifier_tokenizer
+            from draftpipe.stages.completions import encode_and_fit
 
             tok = verifier_tokenizer(
                 p.verifier,

@@ -5,11 +5,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 
-from draftpipe.runtime import job
+from draftpipe.runtime.job import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-    from draftpipe.completions import completion_stats
-    from draftpipe.io import iter_jsonl, write_json
+    from draftpipe.core.io import iter_jsonl, write_json
+    from draftpipe.stages.completions import completion_stats
 
     # streamed: one row in memory at a time, whatever the size of the completions
     stats = completion_stats({str(path): (row for _, row in iter_jsonl(path)) for path in snakemake.input.completions})

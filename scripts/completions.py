@@ -1,6 +1,6 @@
 """Rule `completions`: the verifier regenerates the answers of a training shard with vLLM.
 
-The first job of the stage loads the verifier once and fills every stale shard (draftpipe/stage.py); the others
+The first job of the stage loads the verifier once and fills every stale shard (draftpipe/runtime/store.py); the others
 link their result from the stage's store.
 """
 
@@ -10,17 +10,17 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
-    from draftpipe.progress import console
-    from draftpipe.runtime import engine_parallelism, job
+    from draftpipe.core.progress import console
+    from draftpipe.runtime.job import engine_parallelism, job
 
     with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-        import draftpipe.completions as completions
-        from draftpipe.chat import planned_template
-        from draftpipe.engine import open_engine
-        from draftpipe.gates import check_truncated
-        from draftpipe.io import check_jsonl, read_jsonl, write_jsonl
-        from draftpipe.layout import store_dir
-        from draftpipe.stage import code_digest, run_stage, stage_settings, stage_tasks
+        import draftpipe.stages.completions as completions
+        from draftpipe.core.gates import check_truncated
+        from draftpipe.core.io import check_jsonl, read_jsonl, write_jsonl
+        from draftpipe.core.layout import store_dir
+        from draftpipe.formats.chat import planned_template
+        from draftpipe.inference.engine import open_engine
+        from draftpipe.runtime.store import code_digest, run_stage, stage_settings, stage_tasks
 
         p = snakemake.params
         s = p.sampling
@@ -72,5 +72,5 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
             share=snakemake.config["resources"]["completions"]["share_engine"],
             check=check_jsonl,
         )
-        # the quality gate runs on the stored shard: failing it loses nothing (see draftpipe/gates.py)
+        # the quality gate runs on the stored shard: failing it loses nothing (see draftpipe/core/gates.py)
         check_truncated(read_jsonl(own.output), snakemake.config["completions"]["max_truncated_fraction"], own.output)

@@ -6,11 +6,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (snakemake is injected)
 
-from draftpipe.runtime import job
+from draftpipe.runtime.job import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-    from draftpipe.io import remove_interrupted_writes
-    from draftpipe.verifier import convert_gguf
+    from draftpipe.core.io import remove_interrupted_writes
+    from draftpipe.stages.verifier import convert_gguf
 
     out_dir = Path(snakemake.output.config).parent
     for left in remove_interrupted_writes([out_dir]):  # a build directory of a killed conversion

@@ -1,7 +1,7 @@
 """Rule `hidden_states`: aux + last hidden states and loss mask of every sample of a training shard, from vLLM.
 
 The first job of the stage starts one vLLM engine (``extract_hidden_states``, tensor parallel over the job's GPUs)
-and fills every stale shard whose completions exist (draftpipe/stage.py); the others link their result from the
+and fills every stale shard whose completions exist (draftpipe/runtime/store.py); the others link their result from the
 stage's store.
 """
 
@@ -11,19 +11,19 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
 
-    from draftpipe.progress import console
-    from draftpipe.runtime import engine_parallelism, job
+    from draftpipe.core.progress import console
+    from draftpipe.runtime.job import engine_parallelism, job
 
     with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
         import torch
 
-        import draftpipe.extract as ex
-        import draftpipe.hidden_states as hs
-        from draftpipe.chat import common_template, row_templates
-        from draftpipe.gates import check_empty_masks
-        from draftpipe.io import read_jsonl
-        from draftpipe.layout import store_dir
-        from draftpipe.stage import code_digest, run_stage, stage_settings, stage_tasks
+        import draftpipe.formats.hidden_states as hs
+        import draftpipe.stages.extract as ex
+        from draftpipe.core.gates import check_empty_masks
+        from draftpipe.core.io import read_jsonl
+        from draftpipe.core.layout import store_dir
+        from draftpipe.formats.chat import common_template, row_templates
+        from draftpipe.runtime.store import code_digest, run_stage, stage_settings, stage_tasks
 
         p = snakemake.params
         store = store_dir(snakemake.output[0], "hidden_states")
@@ -85,7 +85,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
             share=snakemake.config["resources"]["hidden_states"]["share_engine"],
             check=hs.check_shard_header,
         )
-        # the quality gate runs on the stored shard: failing it loses nothing (see draftpipe/gates.py)
+        # the quality gate runs on the stored shard: failing it loses nothing (see draftpipe/core/gates.py)
         check_empty_masks(
             hs.loss_mask_sums(own.output), snakemake.config["hidden_states"]["max_empty_mask_fraction"], own.output
         )

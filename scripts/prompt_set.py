@@ -6,12 +6,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 
-from draftpipe.runtime import job
+from draftpipe.runtime.job import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-    from draftpipe.io import read_jsonl, write_json
-    from draftpipe.progress import console
-    from draftpipe.prompts import load_prompts
+    from draftpipe.core.io import read_jsonl, write_json
+    from draftpipe.core.progress import console
+    from draftpipe.formats.prompts import load_prompts
 
     records, stats = load_prompts(snakemake.params.sources, snakemake.params.system_prompt)
     parts = {Path(path).stem: len(read_jsonl(path)) for path in snakemake.input.parts}

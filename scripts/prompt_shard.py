@@ -5,11 +5,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 
-from draftpipe.runtime import job
+from draftpipe.runtime.job import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-    from draftpipe.fingerprint import prompt_part
-    from draftpipe.io import write_jsonl
+    from draftpipe.core.io import write_jsonl
+    from draftpipe.workflow.fingerprint import prompt_part
 
     p = snakemake.params
     # The source paths are not params: what the part holds is tracked by its fingerprint, so moving or touching a

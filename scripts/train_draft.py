@@ -6,24 +6,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 
-from draftpipe.runtime import job
+from draftpipe.runtime.job import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-    from draftpipe.draft import (  # noqa: E402
+    from draftpipe.core.gates import check_train_samples  # noqa: E402
+    from draftpipe.core.gpus import draft_ranks  # noqa: E402
+    from draftpipe.core.io import atomic_path  # noqa: E402
+    from draftpipe.core.layout import DIGEST_CACHE, SHARD_VALUE_CACHE, SOURCE_ROOT, results_dir_of, store_dir  # noqa: E402
+    from draftpipe.core.progress import console  # noqa: E402
+    from draftpipe.formats.hidden_states import loss_mask_sums  # noqa: E402
+    from draftpipe.runtime.integrity import require_sound_shards  # noqa: E402
+    from draftpipe.runtime.store import code_digest, content_key, run_stored, stage_settings  # noqa: E402
+    from draftpipe.stages.draft.training import (  # noqa: E402
         export_draft,
         metrics_frame,
         settings_from_params,
         train_draft,
         training_summary,
     )
-    from draftpipe.gates import check_train_samples  # noqa: E402
-    from draftpipe.hidden_states import loss_mask_sums  # noqa: E402
-    from draftpipe.integrity import require_sound_shards  # noqa: E402
-    from draftpipe.io import atomic_path  # noqa: E402
-    from draftpipe.layout import DIGEST_CACHE, SHARD_VALUE_CACHE, results_dir_of, store_dir  # noqa: E402
-    from draftpipe.progress import console  # noqa: E402
-    from draftpipe.ranks import draft_ranks  # noqa: E402
-    from draftpipe.stage import code_digest, content_key, run_stored, stage_settings  # noqa: E402
 
     p = snakemake.params
     # never train on a damaged shard: it is quarantined (with its store entry) and the job fails naming it
@@ -35,13 +35,14 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
         snakemake.config["draft"]["min_train_samples"],
         list(snakemake.input.shards),
     )
-    # What the job tracks (inputs by content, params, script) keys both the finished draft in the stage store and
-    # the training state, so a rerun after a crash resumes, a changed knob or input starts afresh, and a rebuild that
-    # fails (Snakemake has removed the outputs) loses nothing: the config that built the draft links it back.
+    # What the job tracks (inputs by content, params, script) and draftpipe's own code key both the finished draft in
+    # the stage store and the training state, so a rerun after a crash resumes, a changed knob or input starts afresh,
+    # a forced rerun after draftpipe changed trains afresh, and a rebuild that fails (Snakemake has removed the
+    # outputs) loses nothing: the config that built the draft copies it back.
     stored = content_key(
         [str(f) for f in snakemake.input],
         stage_settings(snakemake),
-        code_digest([Path(snakemake.scriptdir) / "train_draft.py"]),
+        code_digest([Path(snakemake.scriptdir) / "train_draft.py"], package=SOURCE_ROOT / "draftpipe"),
         DIGEST_CACHE,
     )
     work = Path(snakemake.output.model).parent / ".train" / stored[:16]
@@ -75,7 +76,7 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
 
     run_stored(store_dir(snakemake.output.model, "draft"), stored, outputs, build, what="draft")
     console(f"draft: {training_summary(snakemake.output.metrics)}")
-    # The draft is exported: its training state goes (a full-precision copy of the draft and its optimizer, tens of GB for
-    # a large verifier), so a forced rerun, or one after draftpipe's code changed, trains afresh instead of exporting it.
+    # The draft is exported and stored: its training state goes (a full-precision copy of the draft and its optimizer,
+    # tens of GB for a large verifier).
     shutil.rmtree(work, ignore_errors=True)
     Path(str(work) + ".launch.json").unlink(missing_ok=True)

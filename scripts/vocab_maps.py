@@ -5,16 +5,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 
-from draftpipe.runtime import job
+from draftpipe.runtime.job import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
     import torch
     from transformers import AutoTokenizer
 
-    from draftpipe.hidden_states import sequence_and_mask
-    from draftpipe.io import atomic_path, read_jsonl
-    from draftpipe.progress import console
-    from draftpipe.vocab import build_maps, check_maps, count_tokens, frequency_table, write_maps
+    from draftpipe.core.io import atomic_path, read_jsonl
+    from draftpipe.core.progress import console
+    from draftpipe.formats.hidden_states import sequence_and_mask
+    from draftpipe.formats.vocab import build_maps, check_maps, count_tokens, frequency_table, write_maps
 
     p = snakemake.params
 

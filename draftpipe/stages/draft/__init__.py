@@ -1,0 +1,1 @@
+"""EAGLE-3 draft training with speculators: the training loop and export (``training``), the ranks and their launcher (``ranks``), the draft's attention on machines without flex attention (``attention``)."""

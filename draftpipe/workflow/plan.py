@@ -1,0 +1,232 @@
+"""A plan printed before anything runs: training samples, tokens, hidden-state bytes and disk needed.
+
+Estimates, from the config and the verifier's config only (no tokenizer, no weights): prompts are counted from the
+sources (JSON lines, JSON arrays, Parquet row counts); a prompt's tokens are estimated at 4 characters per token
+(a common rule of thumb for BPE tokenizers on English text); every completion is assumed to run to ``max_tokens``,
+so token counts and bytes are upper bounds.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+from draftpipe.core.gpus import draft_world_size
+from draftpipe.formats.verifier import is_mla_config, text_config
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+#: bytes per token and layer beside the values of a quantized dtype: its float32 scale (draftpipe.formats.hidden_states)
+SCALE_BYTES = {"float8_e4m3fn": 4}
+CHARS_PER_TOKEN = 4.0
+
+
+def count_source(path: str) -> tuple[int, int]:
+    """``(records, bytes of text)`` of a prompt source without parsing every record where avoidable."""
+    p = Path(path)
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        meta = pq.ParquetFile(p).metadata
+        return meta.num_rows, p.stat().st_size
+    data = gzip.open(p, "rb").read() if p.suffix == ".gz" else p.read_bytes()
+    base = Path(p.stem).suffix if p.suffix == ".gz" else p.suffix
+    if base == ".json":
+        return len(json.loads(data)), len(data)
+    return sum(1 for line in data.splitlines() if line.strip()), len(data)
+
+
+def kv_cache_bytes_per_token(verifier_config: dict, dtype_bytes: int = 2, tensor_parallel: int = 1) -> int | None:
+    """Bytes of vLLM's KV cache per token on one GPU, from a verifier's ``config.json`` (its ``text_config`` for a
+    multimodal wrapper such as Kimi-K2.5's).
+
+    - MLA (DeepSeek-V3 family, ``kv_lora_rank`` set): ``layers x (kv_lora_rank + qk_rope_head_dim) x bytes``, the
+      compressed latent that every GPU holds whole (vLLM replicates the MLA cache under tensor parallelism);
+    - otherwise: ``layers x 2 x kv_heads x head_dim x bytes / tp`` (K and V, heads sharded over the GPUs; at
+      least one head per GPU), ``head_dim`` defaulting to ``hidden_size // num_attention_heads``.
+
+    Returns:
+        None when the config lacks the fields.
+    """
+    cfg = text_config(verifier_config)
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        if is_mla_config(cfg):
+            return layers * (int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)) * dtype_bytes
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError):
+        return None
+    per_gpu_heads = max(1, -(-kv_heads // max(1, tensor_parallel)))
+    return layers * 2 * per_gpu_heads * head_dim * dtype_bytes
+
+
+def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: dict | None = None) -> dict:
+    """Upper-bound sizes of the build for ``config`` against a verifier of ``shape``.
+
+    Args:
+        config: the validated config.
+        shape: ``num_hidden_layers``, ``vocab_size`` and ``hidden_size`` of the verifier.
+        verifier_config: the verifier's ``config.json``, when known, for the KV cache per token.
+        kept: the prompt set as split (:func:`draftpipe.workflow.fingerprint.prompt_fingerprints`: ``prompts`` and
+            ``train_prompts``, after empty records and duplicates are dropped); without it the sources' records
+            are counted and ``prompts.eval_fraction`` taken off.
+
+    Returns:
+        ``prompts``, ``train_samples``, ``tokens_per_sample``, ``train_tokens``, ``hidden_state_bytes``,
+        ``completion_bytes``, ``disk_bytes`` (hidden states + completions + prompts) and the inputs to the estimate;
+        for the hidden-state job's vLLM engine: ``engine_tp`` (tensor parallel size, 1 on the CPU),
+        ``state_cache_bytes_per_token`` (the hidden-state cache, on every GPU) and ``kv_bytes_per_token`` (per
+        GPU; None when unknown), both in the engine's dtype (bfloat16 for ``auto``); for the draft job:
+        ``draft_ranks`` (all torchrun ranks, :func:`draftpipe.core.gpus.draft_world_size`), ``draft_nodes``,
+        ``draft_gpus`` (per node) and ``draft_batch_tokens`` (tokens per optimizer step: ``batches_per_step`` x
+        ``total_seq_len``).
+    """
+    records = chars = 0
+    for src in config["prompts"]["sources"]:
+        n, b = count_source(src["path"])
+        cap = src.get("max_records")
+        if cap is not None and n > cap:  # the source's first records only: its text prorated
+            n, b = cap, b * cap // n
+        records += n
+        chars += b
+    prompt_tokens = (chars / records / CHARS_PER_TOKEN) if records else 0.0
+    if kept is not None:
+        records, train_prompts = kept["prompts"], kept["train_prompts"]
+    else:
+        train_prompts = records * (1.0 - config["prompts"]["eval_fraction"])
+    samples = int(round(train_prompts * config["completions"]["samples_per_prompt"]))
+    per_sample = min(config["verifier"]["max_model_len"], int(prompt_tokens + config["completions"]["max_tokens"]))
+    tokens = samples * per_sample
+    aux = config["hidden_states"].get("aux_layer_ids") or [0, 0, 0]
+    H = int(shape["hidden_size"])
+    stored = config["hidden_states"]["dtype"]
+    # states (and a float8 shard's scales, one per token and layer), token id, mask
+    per_token = (len(aux) + 1) * (H * DTYPE_BYTES[stored] + SCALE_BYTES.get(stored, 0)) + 8 + 1
+    hidden = tokens * per_token
+    completion = tokens * 12 + samples * 600  # JSON text of ids and text, plus per-row metadata
+    engine_bytes = DTYPE_BYTES.get(config["verifier"]["dtype"], 2)
+    tp = max(1, int(config["resources"]["hidden_states"]["gpus"]))
+    return {
+        "prompts": records,
+        "train_samples": samples,
+        "tokens_per_sample": per_sample,
+        "train_tokens": tokens,
+        "hidden_state_bytes": hidden,
+        "completion_bytes": completion,
+        "disk_bytes": hidden + completion + 2 * chars,
+        "hidden_size": H,
+        "aux_states": len(aux) + 1,
+        "dtype": config["hidden_states"]["dtype"],
+        "engine_tp": tp,
+        "state_cache_bytes_per_token": (len(aux) + 1) * H * engine_bytes,
+        "kv_bytes_per_token": kv_cache_bytes_per_token(verifier_config, engine_bytes, tp) if verifier_config else None,
+        "draft_ranks": draft_world_size(config["resources"]["draft"]),
+        "draft_nodes": int(config["resources"]["draft"].get("nodes") or 1),
+        "draft_gpus": int(config["resources"]["draft"]["gpus"]),
+        "draft_batches_per_step": int(config["draft"]["batches_per_step"]),
+        "draft_batch_tokens": int(config["draft"]["batches_per_step"]) * int(config["draft"]["total_seq_len"]),
+        "gguf": shape.get("gguf"),
+    }
+
+
+def human(n: float) -> str:
+    """Bytes in binary units (KiB, MiB, GiB, TiB)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def gguf_line(g: dict) -> str:
+    """What the ``verifier`` rule makes of a GGUF (:func:`draftpipe.workflow.config.gguf_conversion`), for the plan."""
+    quant = (
+        f"its {', '.join(g['quantized'])} tensors dequantized to {g['dtype']}"
+        if g["quantized"]
+        else f"weights in {g['dtype']}"
+    )
+    heads = (
+        f"head_dim {g['original_head_dim']} -> {g['head_dim']} (exact re-parameterisation)"
+        if g["head_dim"] != g["original_head_dim"]
+        else f"head_dim {g['head_dim']}"
+    )
+    template = "its chat template kept" if g["chat_template"] else "no chat template (prompts as plain text)"
+    return (
+        f"\nverifier: GGUF converted to a Hugging Face directory, {quant}; {g['tokenizer_model']} tokenizer, "
+        f"{template}; {heads}; context {g['max_position_embeddings']:,}"
+    )
+
+
+def format_plan(p: dict) -> str:
+    """One block of text for the console."""
+    return (
+        f"draftpipe plan (upper bounds): {p['prompts']} prompts -> {p['train_samples']} training samples x "
+        f"<= {p['tokens_per_sample']} tokens = {p['train_tokens']:,} tokens; hidden states "
+        f"({p['aux_states']} x {p['hidden_size']} x {p['dtype']}"
+        f"{' + a float32 scale each' if p['dtype'] in SCALE_BYTES else ''} per token) {human(p['hidden_state_bytes'])}; "
+        f"completions {human(p['completion_bytes'])}; disk needed {human(p['disk_bytes'])}\n"
+        f"hidden_states engine: vLLM extract_hidden_states, tensor parallel {p['engine_tp']}; hidden-state cache "
+        f"{human(p['state_cache_bytes_per_token'])} per token on every GPU"
+        + (
+            f", beside the KV cache's {human(p['kv_bytes_per_token'])} per token per GPU"
+            if p.get("kv_bytes_per_token")
+            else ""
+        )
+        + (
+            f"\ndraft training: {p['draft_ranks']} rank(s) (torchrun, DDP) on "
+            + (f"{p['draft_gpus']} GPU(s)" if p["draft_gpus"] else "the CPU")
+            + (f" on each of {p['draft_nodes']} nodes (srun + torchrun rendezvous)" if p["draft_nodes"] > 1 else "")
+            + f"; each step {p['draft_batches_per_step']} packed batch(es), {p['draft_batch_tokens']:,} tokens, "
+            f"shared by the ranks"
+            if "draft_ranks" in p
+            else ""
+        )
+        + (gguf_line(p["gguf"]) if p.get("gguf") else "")
+    )
+
+
+class DiskSpaceError(RuntimeError):
+    """The planned hidden-state shards do not fit on the disk that holds them."""
+
+
+def free_bytes(path: str | Path) -> tuple[int, Path]:
+    """Free bytes on the file system that holds ``path`` (or its nearest existing parent), and that parent."""
+    p = Path(path).absolute()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free, p
+
+
+def check_disk(p: dict, shard_dir: str | Path, missing_shards: int, num_shards: int, free: int | None = None) -> int:
+    """Refuse to start when the hidden-state shards still to be written cannot fit on their disk.
+
+    The need is the plan's upper bound (:func:`plan`: tokens x (aux layers + 1) x hidden size x bytes per value,
+    plus token ids and loss mask), prorated to the shards that do not exist yet.
+
+    Args:
+        p: the output of :func:`plan`.
+        shard_dir: where the shards go (``results/hidden_states``).
+        missing_shards, num_shards: shards still to build, shards in all.
+        free: free bytes to check against (default: measured on ``shard_dir``'s file system).
+
+    Returns:
+        the bytes needed (0 when nothing is missing).
+
+    Raises:
+        DiskSpaceError: need > free; the message says how much is needed, how much is free and where.
+    """
+    need = int(p["hidden_state_bytes"] * missing_shards / max(num_shards, 1))
+    where = Path(shard_dir)
+    if free is None:
+        free, where = free_bytes(shard_dir)
+    if need > free:
+        raise DiskSpaceError(
+            f"hidden states need {human(need)} for {missing_shards} of {num_shards} shards "
+            f"({p['train_tokens']:,} tokens x {p['aux_states']} states x {p['hidden_size']} x {p['dtype']}, "
+            f"an upper bound) but {where} has {human(free)} free; free space, lower prompts/samples_per_prompt/"
+            f"max_tokens, or set hidden_states.disk_check: false"
+        )
+    return need

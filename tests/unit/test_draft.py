@@ -1,0 +1,191 @@
+"""Draft stage without training: per-epoch metrics, where the aux ids are written, acceptance arithmetic, checkpoint
+names, step batches independent of the world size, and the accounting of samples longer than the packed batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftpipe.checks.spec_decode import acceptance_from_counters
+from draftpipe.stages.draft.training import (
+    TRAINING_STATE,
+    clean_work_dir,
+    epoch_metrics,
+    finalize_config,
+    latest_checkpoint,
+    settings_from_params,
+)
+
+AUX = [1, 2, 4]
+EPOCHS = 3
+
+# One training run in its own process (so it can be killed), logging to stdout.
+TRAIN = """
+import json, logging, sys
+import torch
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
+torch.set_num_threads(1)
+from draftpipe.stages.draft.training import DraftSettings, export_draft, train_draft
+verifier, shards, maps, work, out, epochs, per_epoch, ranks, per_step, fsdp = sys.argv[1:11]
+settings = DraftSettings(epochs=int(epochs), lr=3e-3, total_seq_len=256, val_every=5, seed=0,
+                         batches_per_step=int(per_step))
+checkpoint, rows = train_draft(verifier, shards.split(","), maps, work, settings, checkpoints_per_epoch=int(per_epoch),
+                               ranks=int(ranks), threads=2, fsdp=fsdp == "fsdp")
+export_draft(checkpoint, out + "/model.safetensors", out + "/config.json", [1, 2, 4], "verifier")
+with open(out + "/metrics.json", "w") as fh:
+    json.dump(rows, fh)
+"""
+
+
+def test_epoch_metrics_average_steps_and_keep_validation():
+    records = [
+        {"train": {"loss": 4.0, "full_acc_0": 0.1}, "epoch": 0},
+        {"train": {"loss": 2.0, "full_acc_0": 0.3}, "epoch": 0},
+        {"val": {"loss_epoch": 2.5, "full_acc_0_epoch": 0.25}, "epoch": 0},
+        {"train": {"loss": 1.0, "full_acc_0": 0.5}, "epoch": 1},
+    ]
+    rows = epoch_metrics(records)
+    assert rows[0] == {
+        "epoch": 0,
+        "train_loss": 3.0,
+        "train_full_acc_0": pytest.approx(0.2),
+        "val_loss": 2.5,
+        "val_full_acc_0": 0.25,
+        "train_steps": 2,
+    }
+    assert rows[1]["train_loss"] == 1.0 and rows[1]["train_steps"] == 1
+
+
+def test_aux_ids_are_written_where_each_vllm_runner_reads_them():
+    cfg = {
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": {"model_type": "llama"},
+        "speculators_config": {"verifier": {"name_or_path": "old"}},
+    }
+    out = finalize_config(cfg, [1, 2, 4], "verifier-dir")
+    assert out["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]
+    assert out["transformer_layer_config"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]
+    assert out["speculators_config"]["verifier"]["name_or_path"] == "verifier-dir"
+    assert "eagle_config" not in cfg["transformer_layer_config"]  # the input is not modified
+
+
+def test_settings_from_params_splits_unknown_keys():
+    s = settings_from_params({"epochs": 2, "lr": 0.01, "head_dim": 128, "future_knob": 1})
+    assert (s.epochs, s.lr, s.head_dim, s.extra) == (2, 0.01, 128, {"future_knob": 1})
+
+
+def test_acceptance_arithmetic_on_known_counters():
+    a = acceptance_from_counters(num_drafts=100, num_draft_tokens=300, accepted=150, accepted_per_pos=[80, 50, 20])
+    assert a["acceptance_length"] == 2.5
+    assert a["acceptance_rate"] == 0.5
+    assert a["per_position_acceptance"] == [0.8, 0.5, 0.2]
+    none = acceptance_from_counters(0, 0, 0, [])
+    assert none["acceptance_length"] == 1.0 and none["acceptance_rate"] == 0.0
+
+
+def test_counters_read_from_vllm_metric_objects():
+    from types import SimpleNamespace as M
+
+    from draftpipe.checks.spec_decode import read_spec_counters
+
+    metrics = [
+        M(name="vllm:spec_decode_num_drafts", value=100.0),
+        M(name="vllm:spec_decode_num_draft_tokens", value=300.0),
+        M(name="vllm:spec_decode_num_accepted_tokens", value=150.0),
+        M(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[80, 50, 20]),
+        M(name="vllm:num_requests_running", value=3.0),
+    ]
+    a = read_spec_counters(metrics)
+    assert a["acceptance_length"] == 2.5 and a["per_position_acceptance"] == [0.8, 0.5, 0.2]
+
+
+def test_latest_checkpoint_ignores_and_cleans_incomplete_saves(tmp_path):
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / TRAINING_STATE).write_bytes(b"state")
+    (tmp_path / "1").mkdir()  # complete checkpoint, superseded by 3
+    (tmp_path / "1" / TRAINING_STATE).write_bytes(b"state")
+    (tmp_path / "3-step5").mkdir()  # mid-epoch checkpoint of epoch 3: after 1, before the end of epoch 3
+    (tmp_path / "3-step5" / TRAINING_STATE).write_bytes(b"state")
+    assert latest_checkpoint(tmp_path) == (3, tmp_path / "3-step5")
+    (tmp_path / "3").mkdir()
+    (tmp_path / "3" / TRAINING_STATE).write_bytes(b"state")
+    (tmp_path / "4").mkdir()  # weights written, state missing: not a checkpoint
+    (tmp_path / "4" / "model.safetensors").write_bytes(b"partial")
+    (tmp_path / ".5.tmp-abc").mkdir()  # a save killed before its rename
+    (tmp_path / ".5.tmp-abc" / TRAINING_STATE).write_bytes(b"partial")
+    (tmp_path / "epoch4_end").symlink_to("4")
+    (tmp_path / "notes.txt").write_text("kept")
+    assert latest_checkpoint(tmp_path) == (3, tmp_path / "3")
+    removed = clean_work_dir(tmp_path)
+    assert sorted(p.name for p in removed) == [".5.tmp-abc", "0", "1", "3-step5", "4", "epoch4_end"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["3", "notes.txt"]
+    assert latest_checkpoint(tmp_path / "missing") is None
+    assert latest_checkpoint(tmp_path / "4") is None
+
+
+def test_step_batches_do_not_depend_on_the_world_size():
+    import numpy as np
+    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+
+    from draftpipe.stages.draft.ranks import StepBatchSampler
+
+    lengths = np.random.default_rng(1).integers(20, 200, size=97)
+    for epoch in (0, 3):
+        one = StepBatchSampler(lengths, 256, 4, 0, 1, seed=5)
+        one.set_epoch(epoch)
+        by_rank = []
+        for rank in range(2):
+            sampler = StepBatchSampler(lengths, 256, 4, rank, 2, seed=5)
+            sampler.set_epoch(epoch)
+            assert sampler.steps == one.steps and len(sampler) == 2 * one.steps
+            by_rank.append([list(b) for b in sampler])
+        flat = [list(b) for b in one]
+        assert len(flat) == 4 * one.steps
+        for step in range(one.steps):
+            mine = flat[4 * step : 4 * step + 4]  # packed batches 0..3 of the step; rank r trains r and r + 2
+            assert mine == [
+                by_rank[0][2 * step],
+                by_rank[1][2 * step],
+                by_rank[0][2 * step + 1],
+                by_rank[1][2 * step + 1],
+            ]
+            assert all(sum(lengths[i] for i in b) <= 256 for b in mine)
+        # one packed batch per step, one rank: speculators' own sampler, batch for batch
+        single = StepBatchSampler(lengths, 256, 1, 0, 1, seed=5)
+        spec = MultipackDistributedBatchSamplerV2(256, lengths, num_replicas=1, rank=0, seed=5)
+        single.set_epoch(epoch)
+        spec.set_epoch(epoch)
+        assert [list(b) for b in single] == [list(b) for b in spec]
+        # a resumed epoch starts after the steps already trained
+        one.skip = 2
+        assert [list(b) for b in one] == flat[8:]
+    with pytest.raises(ValueError, match="multiple of the number of training ranks"):
+        StepBatchSampler(lengths, 256, 3, 0, 2, seed=5)
+
+
+def test_samples_longer_than_the_packed_batch_are_counted_and_never_a_step_of_loss_zero():
+    from draftpipe.stages.draft.training import accounting_line, window_accounting
+
+    # lengths 300 (fits), 700 (cut: 100 of its 250 trained tokens lost), 900 (all 50 trained tokens past 512: left out)
+    a = window_accounting([300, 700, 900], [120, 250, 50], [120, 150, 0], 512)
+    assert a == {
+        "samples": 3,
+        "tokens": 1900,
+        "trained_tokens": 420,
+        "long_samples": 2,
+        "cut_trained_tokens": 150,
+        "dropped_samples": 1,
+        "used_tokens": 812,
+        "used_trained_tokens": 270,
+        "kept_indices": [0, 1],
+    }
+    assert accounting_line("train", a, 512) == (
+        "draft train data: 2 samples, 812 tokens, 270 trained on per epoch; WARNING: 2 sample(s) longer than "
+        "draft.total_seq_len=512 are cut to their first 512 tokens (150 of 420 trained tokens lost), 1 of them left "
+        "out with no token to learn there; raise draft.total_seq_len to keep them"
+    )
+    fits = window_accounting([10, 20], [5, 0], [5, 0], 512)
+    assert fits["kept_indices"] == [0, 1] and fits["dropped_samples"] == 0  # a short sample is never left out
+    assert (
+        accounting_line("validation", fits, 512)
+        == "draft validation data: 2 samples, 30 tokens, 5 trained on per epoch"
+    )

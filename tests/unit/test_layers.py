@@ -1,0 +1,187 @@
+"""The package in layers: its folders are the layers, every import of a draftpipe module points to a folder
+below its own (or stays in its folder, without a cycle), sits at the top of its file, and each module imports
+alone; what the workflow imports when it is parsed pulls in no ML library.
+
+Folders, by layer (a module may import from the folders of lower layers and from its own folder):
+
+0. ``core``: standard library only: atomic I/O and caches, the results layout, progress lines, GPU locks and rank
+   counts, quality gates, the tokenizer gate.
+1. ``formats``: prompt sources, chat templates and their rendering, hidden-state shards, vocab maps, provenance
+   manifests, a verifier's config and GGUF metadata.
+2. ``workflow`` (config checks, prompt fingerprints, the plan), ``runtime`` (the job context, the stage store,
+   the integrity of a results tree) and ``inference`` (vLLM's engine settings, the hidden-state connector); none
+   of the three imports another.
+3. ``stages``: the verifier's conversion, completions, hidden-state extraction, the draft (``stages/draft``).
+4. ``checks``: the compatibility report, speculative decoding, ``draftpipe-verify``.
+5. ``bench``: the benchmark.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import tomllib
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "draftpipe"
+
+FOLDERS = {
+    "core": 0, "formats": 1, "workflow": 2, "runtime": 2, "inference": 2, "stages": 3, "checks": 4, "bench": 5,
+}  # fmt: skip
+
+HEAVY = ("torch", "vllm", "transformers", "speculators", "safetensors", "numpy", "pandas")
+
+
+def modules() -> list[str]:
+    """Every module of the package as a dotted name below ``draftpipe`` (``core.io``, ``stages.draft.ranks``)."""
+    return sorted(
+        ".".join(p.relative_to(PACKAGE).with_suffix("").parts)
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "__init__.py" and "data" not in p.relative_to(PACKAGE).parts
+    )
+
+
+def _target(dotted: str, names: list[str]) -> list[str]:
+    """The modules an import names: ``draftpipe.core.io`` -> ``core.io``; ``from draftpipe.core import progress``
+    -> ``core.progress`` (a name that is a module of the package) or ``core`` (a name from its ``__init__``)."""
+    base = dotted.split(".", 1)[1] if "." in dotted else ""
+    found = []
+    for name in names:
+        sub = f"{base}.{name}" if base else name
+        found.append(sub if (PACKAGE / (sub.replace(".", "/") + ".py")).is_file() else base)
+    return found
+
+
+def package_imports(module: str) -> list[tuple[int, str, bool]]:
+    """``(line, imported draftpipe module, at the top of the file)`` of every draftpipe import in ``module``."""
+    tree = ast.parse((PACKAGE / (module.replace(".", "/") + ".py")).read_text())
+    top = set(map(id, tree.body))
+    found = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "draftpipe":
+            names = _target(node.module, [a.name for a in node.names])
+        elif isinstance(node, ast.Import):
+            names = [a.name.split(".", 1)[1] for a in node.names if a.name.startswith("draftpipe.")]
+        found += [(node.lineno, name, id(node) in top) for name in names]
+    return found
+
+
+def folder(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_every_module_is_in_a_layer_folder_with_a_docstring():
+    assert {folder(m) for m in modules()} <= set(FOLDERS), [m for m in modules() if folder(m) not in FOLDERS]
+    for sub in sorted({p.parent for p in PACKAGE.rglob("*.py") if "data" not in p.relative_to(PACKAGE).parts}):
+        init = sub / "__init__.py"
+        assert init.is_file() and ast.get_docstring(ast.parse(init.read_text())), f"{init}: no docstring"
+
+
+@pytest.mark.parametrize("module", modules())
+def test_imports_point_down_from_the_top_of_the_file(module):
+    wrong = [
+        f"draftpipe/{module.replace('.', '/')}.py:{line} imports {target} "
+        f"(folder {folder(target)}, layer {FOLDERS[folder(target)]}; not below {folder(module)}, "
+        f"layer {FOLDERS[folder(module)]})"
+        for line, target, _ in package_imports(module)
+        if folder(target) != folder(module) and FOLDERS[folder(target)] >= FOLDERS[folder(module)]
+    ]
+    buried = [
+        f"draftpipe/{module.replace('.', '/')}.py:{line} imports {target} inside a block"
+        for line, target, at_top in package_imports(module)
+        if not at_top
+    ]
+    assert wrong + buried == []
+
+
+def test_imports_within_a_folder_have_no_cycle():
+    nodes = set(modules())
+    graph = {m: {t for _, t, _ in package_imports(m) if t in nodes} for m in nodes}
+    done: set[str] = set()
+
+    def visit(m: str, path: tuple[str, ...]) -> None:
+        assert m not in path, " -> ".join((*path, m))
+        if m not in done:
+            for t in sorted(graph[m]):
+                visit(t, (*path, m))
+            done.add(m)
+
+    for m in sorted(graph):
+        visit(m, ())
+
+
+def test_the_layer_test_sees_upward_and_buried_imports(tmp_path, monkeypatch):
+    """The checks above can fail: an upward import inside a function is reported twice, and a module outside the
+    layer folders is named."""
+    fake = tmp_path / "draftpipe"
+    (fake / "core").mkdir(parents=True)
+    (fake / "bench").mkdir()
+    (fake / "core" / "io.py").write_text("import json\n\n\ndef f():\n    from draftpipe.bench.benchmark import plot\n")
+    (fake / "bench" / "benchmark.py").write_text("")
+    (fake / "loose.py").write_text("")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert package_imports("core.io") == [(5, "bench.benchmark", False)]
+    with pytest.raises(AssertionError, match="loose"):
+        test_every_module_is_in_a_layer_folder_with_a_docstring()
+    with pytest.raises(AssertionError, match="layer 5; not below core"):
+        test_imports_point_down_from_the_top_of_the_file("core.io")
+
+
+def test_each_module_imports_alone():
+    procs = {
+        m: subprocess.Popen(
+            [sys.executable, "-c", f"import draftpipe.{m}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for m in modules()
+    }
+    failed = {}
+    for m, proc in procs.items():
+        out, _ = proc.communicate(timeout=300)
+        if proc.returncode != 0:
+            failed[m] = out[-2000:]
+    assert failed == {}
+
+
+def parse_time_modules() -> list[str]:
+    """The draftpipe modules the Snakefile and ``rules/*.smk`` import (every parse: dry runs, cluster jobs)."""
+    files = [PACKAGE.parent / "Snakefile", *sorted((PACKAGE.parent / "rules").glob("*.smk"))]
+    found = set(re.findall(r"^\s*(?:from|import) draftpipe\.([\w.]+)", "\n".join(f.read_text() for f in files), re.M))
+    return sorted(found)
+
+
+def test_parsing_the_workflow_imports_no_ml_library():
+    parse_time = parse_time_modules()
+    assert {"workflow.config", "workflow.plan", "workflow.fingerprint"} <= set(parse_time)
+    code = (
+        f"import sys\nfor m in {parse_time!r}: __import__('draftpipe.' + m)\n"
+        f"print(sorted(h for h in {HEAVY!r} if h in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_command_lines_are_installed_and_answer_help():
+    """`[project.scripts]` (pyproject.toml): each entry point names a function of the package, and its installed
+    command (beside this interpreter, where envs/setup.sh installs the package) runs."""
+    declared = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    installed = {ep.name: ep for ep in entry_points(group="console_scripts") if ep.name.startswith("draftpipe")}
+    names = [
+        "draftpipe-check",
+        "draftpipe-config",
+        "draftpipe-convert-gguf",
+        "draftpipe-spec-decode",
+        "draftpipe-verify",
+    ]
+    assert sorted(installed) == sorted(declared) == names
+    for name, target in declared.items():
+        assert installed[name].value == target and callable(installed[name].load())
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / name), "--help"], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0 and proc.stdout.startswith("usage: "), (name, proc.stderr[-2000:])
