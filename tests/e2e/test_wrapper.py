@@ -53,7 +53,8 @@ def pair(tiny_verifier, tmp_path_factory):
 
 
 def test_config_check_plan_and_report_read_the_text_model(pair):
-    from draftpipe.checks.compat import live_unsupported, load_verifier_config
+    from draftpipe.checks.compat.live import live_unsupported
+    from draftpipe.checks.compat.reading import verifier_text_config as load_verifier_config
     from draftpipe.formats.verifier import load_verifier_config as read_config
     from draftpipe.workflow.config import check_config, verifier_shape
     from draftpipe.workflow.plan import kv_cache_bytes_per_token
@@ -82,7 +83,7 @@ def test_config_check_plan_and_report_read_the_text_model(pair):
 def test_the_draft_is_built_from_the_text_model_and_passes_the_report(pair, tmp_path):
     import torch
 
-    from draftpipe.checks.compat import check
+    from draftpipe.checks.compat.checker import check
     from draftpipe.stages.draft.training import DraftSettings, build_draft, finalize_config
 
     text, wrapped = pair

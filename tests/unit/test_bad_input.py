@@ -1252,7 +1252,8 @@ def test_the_live_check_and_the_benchmark_apply_the_completions_length_policy():
 
 
 def test_a_failed_live_check_reports_vllm_s_error_whole():
-    from draftpipe.checks.compat import Report, add_live_findings, render_markdown
+    from draftpipe.checks.compat.live import add_live_findings
+    from draftpipe.checks.compat.report import Report, render_markdown
 
     error = (
         'Traceback (most recent call last):\n  File "x.py", line 3, in <module>\n    raise e\n'

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from draftpipe.checks.compat import check, render_markdown
+from draftpipe.checks.compat.checker import check
+from draftpipe.checks.compat.report import render_markdown
 
 H, NH, NKV, HD, I, V, VD, N = 16, 2, 1, 8, 24, 64, 32, 6
 AUX = [1, 3, 5]
@@ -497,7 +498,8 @@ def test_cli_exit_code_and_outputs(tmp_path):
 def test_a_live_check_without_prompts_is_skipped_naming_the_key_not_failed(tmp_path, records, expected):
     """Issue 28: prompts.eval_fraction 0.0 gave the live check no prompt, and the report failed with "no draft
     token was accepted ... check aux layer ids" on a sound draft."""
-    from draftpipe.checks.compat import skip_live_without_prompts, verdict_line
+    from draftpipe.checks.compat.live import skip_live_without_prompts
+    from draftpipe.checks.compat.report import verdict_line
 
     rep = check(write(tmp_path / "d", speculators_config(), tensors()), VERIFIER)
     skip_live_without_prompts(rep, records, 0.0)

@@ -1,5 +1,5 @@
 """The compatibility checker never crashes: whatever a draft's ``config.json``, the verifier's config or a
-safetensors header holds, :func:`draftpipe.checks.compat.check` answers with findings, and a value of the wrong type in a
+safetensors header holds, :func:`draftpipe.checks.compat.checker.check` answers with findings, and a value of the wrong type in a
 field it reads is a finding that names the field.
 
 Hundreds of mutations of the sound checkpoint of ``test_compat``: every field of its config (and of the nested
@@ -18,7 +18,8 @@ import pytest
 from safetensors.numpy import save_file
 from test_compat import VERIFIER, speculators_config, tensors
 
-from draftpipe.checks.compat import CONFIG_FIELDS, VERIFIER_FIELDS, check
+from draftpipe.checks.compat.checker import check
+from draftpipe.checks.compat.fields import CONFIG_FIELDS, VERIFIER_FIELDS
 
 MUTATIONS = {"null": None, "string": "x", "zero": 0, "negative": -1, "float": 1.5, "bool": True, "list": [],
              "list_of_null": [None], "object": {}, "removed": KeyError}  # fmt: skip

@@ -38,11 +38,12 @@ HEAVY = ("torch", "vllm", "transformers", "speculators", "safetensors", "numpy",
 
 
 def modules() -> list[str]:
-    """Every module of the package as a dotted name below ``draftpipe`` (``core.io``, ``stages.draft.ranks``)."""
+    """Every module of the package as a dotted name below ``draftpipe`` (``core.io``, ``stages.draft.ranks``); a
+    package's ``__main__`` (what ``python -m`` runs) is not a module to import."""
     return sorted(
         ".".join(p.relative_to(PACKAGE).with_suffix("").parts)
         for p in PACKAGE.rglob("*.py")
-        if p.name != "__init__.py" and "data" not in p.relative_to(PACKAGE).parts
+        if p.name not in ("__init__.py", "__main__.py") and "data" not in p.relative_to(PACKAGE).parts
     )
 
 

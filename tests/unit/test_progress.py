@@ -114,7 +114,7 @@ def test_the_summary_lines_of_the_jobs(tmp_path):
 
 
 def test_the_compatibility_verdict_line():
-    from draftpipe.checks.compat import Report, verdict_line
+    from draftpipe.checks.compat.report import Report, verdict_line
 
     rep = Report(draft="d", verifier="v")
     rep.add("live.unsupported", "warning", "vLLM", "m")
