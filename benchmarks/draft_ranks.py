@@ -29,7 +29,8 @@ AUX = [1, 2, 4]
 TRAIN = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING)
-from draftpipe.stages.draft.training import DraftSettings, train_draft
+from draftpipe.stages.draft.settings import DraftSettings
+from draftpipe.stages.draft.training import train_draft
 verifier, maps, work, epochs, ranks, per_step, threads, fsdp = sys.argv[1:9]
 shards = sys.argv[9:]
 import torch

@@ -36,7 +36,8 @@ def make_model(verifier: str, maps: str, attn: str, seq_len: int):
     import torch
 
     from draftpipe.formats.vocab import read_maps
-    from draftpipe.stages.draft.training import DraftSettings, attention_implementation, build_draft
+    from draftpipe.stages.draft.settings import DraftSettings
+    from draftpipe.stages.draft.training import attention_implementation, build_draft
 
     d2t, t2d, vd = read_maps(maps)
     s = DraftSettings(num_layers=1, ttt_steps=3, lr=3e-3, total_seq_len=seq_len, seed=0)
@@ -52,11 +53,11 @@ def batches(shards: list[str], seq_len: int, n: int) -> list[dict]:
     from torch.utils.data import DataLoader
 
     from draftpipe.formats.hidden_states import read_shard_metadata
+    from draftpipe.stages.draft.data import ShardDataset
     from draftpipe.stages.draft.ranks import StepBatchSampler
-    from draftpipe.stages.draft.training import _dataset_class
 
     hidden = read_shard_metadata(shards[0])["hidden_size"]
-    ds = _dataset_class()(shards, seq_len, "train", 0, torch.float32)
+    ds = ShardDataset(shards, seq_len, "train", 0, torch.float32)
     sampler = StepBatchSampler(ds.approx_lengths, seq_len, 1, 0, 1, 0)
     collate = CollateFn(seq_len, hidden, num_target_layers=3, dtype=torch.float32, preprocess=shift_batch)
     out = []

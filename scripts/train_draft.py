@@ -17,13 +17,10 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
     from draftpipe.formats.hidden_states import loss_mask_sums  # noqa: E402
     from draftpipe.runtime.integrity import require_sound_shards  # noqa: E402
     from draftpipe.runtime.store import code_digest, content_key, run_stored, stage_settings  # noqa: E402
-    from draftpipe.stages.draft.training import (  # noqa: E402
-        export_draft,
-        metrics_frame,
-        settings_from_params,
-        train_draft,
-        training_summary,
-    )
+    from draftpipe.stages.draft.export import export_draft  # noqa: E402
+    from draftpipe.stages.draft.metrics import metrics_frame, training_summary  # noqa: E402
+    from draftpipe.stages.draft.settings import settings_from_params  # noqa: E402
+    from draftpipe.stages.draft.training import train_draft  # noqa: E402
 
     p = snakemake.params
     # never train on a damaged shard: it is quarantined (with its store entry) and the job fails naming it

@@ -17,10 +17,7 @@ import pytest
 from conftest import REPO, TINYSTORIES
 
 from draftpipe.core.io import sha256_file
-from draftpipe.stages.draft.training import (
-    TRAINING_STATE,
-    latest_checkpoint,
-)
+from draftpipe.stages.draft.checkpoint import TRAINING_STATE, latest_checkpoint
 
 AUX = [1, 2, 4]
 EPOCHS = 3
@@ -31,7 +28,9 @@ import json, logging, sys
 import torch
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
 torch.set_num_threads(1)
-from draftpipe.stages.draft.training import DraftSettings, export_draft, train_draft
+from draftpipe.stages.draft.export import export_draft
+from draftpipe.stages.draft.settings import DraftSettings
+from draftpipe.stages.draft.training import train_draft
 verifier, shards, maps, work, out, epochs, per_epoch, ranks, per_step, fsdp = sys.argv[1:11]
 settings = DraftSettings(epochs=int(epochs), lr=3e-3, total_seq_len=256, val_every=5, seed=0,
                          batches_per_step=int(per_step))
@@ -193,7 +192,7 @@ def two_ranks(request, verifier_dir, shards, tmp_path_factory):
     print(f"2 ranks ({request.param}): {time.monotonic() - t0:.1f} s for {EPOCHS} epochs")
     assert "training with 2 ranks" in run.stdout + run.stderr and "--nproc-per-node=2" in run.stdout
     assert "[rank 0/2] draftpipe.stages.draft.ranks INFO 2 ranks joined (gloo)" in run.stdout
-    assert "[rank 0/2] draftpipe.stages.draft.training INFO saved epoch" in run.stdout
+    assert "[rank 0/2] draftpipe.stages.draft.trainer INFO saved epoch" in run.stdout
     return request.param, tmp / "out"
 
 
@@ -286,7 +285,8 @@ def test_two_rank_training_killed_after_a_checkpoint_resumes_to_identical_bytes(
 
 
 def test_ranks_must_divide_the_steps_batches(verifier_dir, shards, tmp_path):
-    from draftpipe.stages.draft.training import DraftSettings, train_draft
+    from draftpipe.stages.draft.settings import DraftSettings
+    from draftpipe.stages.draft.training import train_draft
 
     paths, maps = shards
     with pytest.raises(
@@ -304,7 +304,8 @@ def test_a_non_finite_loss_stops_training_before_the_step(verifier_dir, shards, 
     import torch
 
     from draftpipe.core.gates import QualityGateError
-    from draftpipe.stages.draft.training import DraftSettings, train_draft
+    from draftpipe.stages.draft.settings import DraftSettings
+    from draftpipe.stages.draft.training import train_draft
 
     paths, maps = shards
     torch.manual_seed(0)
@@ -326,7 +327,8 @@ def test_a_non_finite_loss_stops_training_before_the_step(verifier_dir, shards, 
 def test_shards_of_two_chat_templates_are_refused(verifier_dir, shards, tmp_path):
     from draftpipe.formats.hidden_states import iter_shard, read_shard_metadata, write_shard
     from draftpipe.stages.completions import TemplateDriftError
-    from draftpipe.stages.draft.training import DraftSettings, train_draft
+    from draftpipe.stages.draft.settings import DraftSettings
+    from draftpipe.stages.draft.training import train_draft
 
     paths, maps = shards
     mixed = []
@@ -349,7 +351,8 @@ def test_a_draft_trained_on_float8_shards_learns_what_the_bfloat16_one_learns(ve
     import torch
 
     from draftpipe.formats.hidden_states import iter_shard, quantize_sample, read_shard_metadata, write_shard
-    from draftpipe.stages.draft.training import DraftSettings, train_draft
+    from draftpipe.stages.draft.settings import DraftSettings
+    from draftpipe.stages.draft.training import train_draft
 
     paths, maps = shards
     fp8 = []

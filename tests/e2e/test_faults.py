@@ -31,7 +31,7 @@ import pytest
 from helpers.workflow import copy_build, copy_workflow, set_resources, small_extraction_calls, snakemake
 
 from draftpipe.core.io import sha256_file
-from draftpipe.stages.draft.training import latest_checkpoint
+from draftpipe.stages.draft.checkpoint import latest_checkpoint
 
 TARGET = "results/draft/model.safetensors"
 SHARDS = 2  # training shards of the embedded default

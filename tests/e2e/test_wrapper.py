@@ -84,7 +84,9 @@ def test_the_draft_is_built_from_the_text_model_and_passes_the_report(pair, tmp_
     import torch
 
     from draftpipe.checks.compat.checker import check
-    from draftpipe.stages.draft.training import DraftSettings, build_draft, finalize_config
+    from draftpipe.stages.draft.export import finalize_config
+    from draftpipe.stages.draft.settings import DraftSettings
+    from draftpipe.stages.draft.training import build_draft
 
     text, wrapped = pair
     vocab, vd = 512, 256

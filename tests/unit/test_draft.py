@@ -6,34 +6,10 @@ from __future__ import annotations
 import pytest
 
 from draftpipe.checks.spec_decode import acceptance_from_counters
-from draftpipe.stages.draft.training import (
-    TRAINING_STATE,
-    clean_work_dir,
-    epoch_metrics,
-    finalize_config,
-    latest_checkpoint,
-    settings_from_params,
-)
-
-AUX = [1, 2, 4]
-EPOCHS = 3
-
-# One training run in its own process (so it can be killed), logging to stdout.
-TRAIN = """
-import json, logging, sys
-import torch
-logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
-torch.set_num_threads(1)
-from draftpipe.stages.draft.training import DraftSettings, export_draft, train_draft
-verifier, shards, maps, work, out, epochs, per_epoch, ranks, per_step, fsdp = sys.argv[1:11]
-settings = DraftSettings(epochs=int(epochs), lr=3e-3, total_seq_len=256, val_every=5, seed=0,
-                         batches_per_step=int(per_step))
-checkpoint, rows = train_draft(verifier, shards.split(","), maps, work, settings, checkpoints_per_epoch=int(per_epoch),
-                               ranks=int(ranks), threads=2, fsdp=fsdp == "fsdp")
-export_draft(checkpoint, out + "/model.safetensors", out + "/config.json", [1, 2, 4], "verifier")
-with open(out + "/metrics.json", "w") as fh:
-    json.dump(rows, fh)
-"""
+from draftpipe.stages.draft.checkpoint import TRAINING_STATE, clean_work_dir, latest_checkpoint
+from draftpipe.stages.draft.export import finalize_config
+from draftpipe.stages.draft.metrics import epoch_metrics
+from draftpipe.stages.draft.settings import settings_from_params
 
 
 def test_epoch_metrics_average_steps_and_keep_validation():
@@ -163,7 +139,7 @@ def test_step_batches_do_not_depend_on_the_world_size():
 
 
 def test_samples_longer_than_the_packed_batch_are_counted_and_never_a_step_of_loss_zero():
-    from draftpipe.stages.draft.training import accounting_line, window_accounting
+    from draftpipe.stages.draft.data import accounting_line, window_accounting
 
     # lengths 300 (fits), 700 (cut: 100 of its 250 trained tokens lost), 900 (all 50 trained tokens past 512: left out)
     a = window_accounting([300, 700, 900], [120, 250, 50], [120, 150, 0], 512)

@@ -6,7 +6,7 @@ import dataclasses
 
 import yaml
 
-from draftpipe.stages.draft.training import DraftSettings
+from draftpipe.stages.draft.settings import DraftSettings
 from draftpipe.workflow.config import SCHEMA, fill_defaults, validate_config
 
 

@@ -1,0 +1,99 @@
+"""The draft's training data: hidden-state shards as a speculators dataset (:class:`ShardDataset`), and where the
+training tokens go when samples are packed into batches."""
+
+from __future__ import annotations
+
+from speculators.train.data import BaseDataset
+
+from draftpipe.formats.hidden_states import SCALE_KEYS, dequantize_sample, iter_shard
+
+
+def window_accounting(lengths: list[int], trained: list[int], trained_in_window: list[int], max_len: int) -> dict:
+    """Where the training tokens go when samples are packed into batches of ``max_len`` (``draft.total_seq_len``)
+    tokens: a longer sample is cut to its first ``max_len`` tokens (speculators' ``CollateFn``), and one with no
+    token to learn there is left out (it would make a step of loss 0).
+
+    Args:
+        lengths: tokens per sample.
+        trained: loss-mask tokens per sample.
+        trained_in_window: loss-mask tokens within each sample's first ``max_len`` tokens.
+        max_len: the packed batch's length.
+
+    Returns:
+        ``samples``, ``tokens``, ``trained_tokens`` (as stored); ``long_samples`` (longer than ``max_len``),
+        ``cut_trained_tokens`` (trained tokens past the window, lost), ``dropped_samples`` (long ones with nothing to
+        learn in the window), ``used_tokens`` and ``used_trained_tokens`` (what the draft trains on per epoch), and
+        ``kept_indices``.
+    """
+    kept = [i for i, (n, w) in enumerate(zip(lengths, trained_in_window)) if n <= max_len or w > 0]
+    return {
+        "samples": len(lengths),
+        "tokens": sum(lengths),
+        "trained_tokens": sum(trained),
+        "long_samples": sum(n > max_len for n in lengths),
+        "cut_trained_tokens": sum(t - w for t, w in zip(trained, trained_in_window)),
+        "dropped_samples": len(lengths) - len(kept),
+        "used_tokens": sum(min(lengths[i], max_len) for i in kept),
+        "used_trained_tokens": sum(trained_in_window[i] for i in kept),
+        "kept_indices": kept,
+    }
+
+
+def accounting_line(split: str, a: dict, max_len: int) -> str:
+    """One log line for :func:`window_accounting`'s figures of a split (a warning when samples were cut)."""
+    line = (
+        f"draft {split} data: {a['samples'] - a['dropped_samples']} samples, {a['used_tokens']:,} tokens, "
+        f"{a['used_trained_tokens']:,} trained on per epoch"
+    )
+    if a["long_samples"]:
+        line += (
+            f"; WARNING: {a['long_samples']} sample(s) longer than draft.total_seq_len={max_len} are cut to their first "
+            f"{max_len} tokens ({a['cut_trained_tokens']:,} of {a['trained_tokens']:,} trained tokens lost), "
+            f"{a['dropped_samples']} of them left out with no token to learn there; raise draft.total_seq_len to keep "
+            "them"
+        )
+    return line
+
+
+class ShardDataset(BaseDataset):
+    """speculators dataset over draftpipe hidden-state shards; samples ``i % val_every == val_every-1`` form
+    the validation split (``split="val"``), the rest the training split."""
+
+    def __init__(self, shards: list[str], max_len: int, split: str, val_every: int, hidden_states_dtype):
+        import torch
+
+        self.samples = []
+        k = 0
+        for path in shards:
+            for sample in iter_shard(path):
+                is_val = val_every > 1 and k % val_every == val_every - 1
+                k += 1
+                if is_val == (split == "val"):
+                    # as stored (a float8 shard's states stay float8 in memory, with their scales)
+                    self.samples.append(
+                        {**sample, "input_ids": sample["input_ids"].long(), "loss_mask": sample["loss_mask"].long()}
+                    )
+        # a sample longer than the packed batch is cut to its first max_len tokens (speculators' CollateFn); one
+        # with no token to learn there would be a step of loss 0: left out, and counted (window_accounting)
+        masks = [sample["loss_mask"] for sample in self.samples]
+        self.accounting = window_accounting(
+            [int(m.shape[0]) for m in masks],
+            [int(m.sum()) for m in masks],
+            [int(m[:max_len].sum()) for m in masks],
+            max_len,
+        )
+        keep = set(self.accounting.pop("kept_indices"))
+        self.samples = [sample for i, sample in enumerate(self.samples) if i in keep]
+        self._torch = torch
+        super().__init__(max_len, hidden_states_dtype)
+
+    def _compute_approx_lengths(self):
+        return [min(int(s["input_ids"].shape[0]), self.max_len) for s in self.samples]
+
+    def __len__(self):
+        return len(self.samples)
+
+    def _get_raw_data(self, index):
+        # float8 states times their scales, in the training dtype (hidden_states.dtype float8_e4m3fn)
+        sample = {k: v.clone() for k, v in self.samples[index].items()}
+        return dequantize_sample(sample, self.hidden_states_dtype) if SCALE_KEYS["hidden_states"] in sample else sample

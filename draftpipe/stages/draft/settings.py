@@ -1,0 +1,45 @@
+"""The draft stage's settings: every knob of the ``draft`` section, typed (:class:`DraftSettings`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class DraftSettings:
+    """Every knob of the ``draft`` section: the ones that shape the checkpoint reach the rule through ``params:``;
+    the quality gate ``min_train_samples`` does not (it is read from the config, and changing it retrains nothing).
+
+    The defaults are the schema's (``draft`` in ``draftpipe/workflow/config.schema.yaml``, which fills them into the
+    workflow's config); ``tests/unit/test_settings.py`` holds the two together."""
+
+    num_layers: int = 1
+    head_dim: int | None = None
+    ttt_steps: int = 3
+    ttt_step_loss_decay: float = 1.0
+    epochs: int = 10
+    lr: float = 1e-4
+    total_seq_len: int = 8192
+    seed: int = 0
+    val_every: int = 10
+    norm_before_residual: bool = True
+    norm_before_fc: bool = True
+    norm_output: bool = True
+    loss_fn: str = "kl_div"
+    scheduler_type: str = "linear"
+    sliding_window: int | None = None
+    #: packed batches of ``total_seq_len`` tokens per optimizer step (the global batch; the ranks share them, so
+    #: their number must divide it): see :mod:`draftpipe.stages.draft.ranks`
+    batches_per_step: int = 1
+    #: quality gate (:func:`draftpipe.core.gates.check_train_samples`), not a param
+    min_train_samples: int = 1
+    extra: dict = field(default_factory=dict)
+
+
+def settings_from_params(params: dict[str, Any]) -> DraftSettings:
+    """``DraftSettings`` from the rule's ``params.draft`` mapping (unknown keys go to ``extra``)."""
+    known = {f for f in DraftSettings.__dataclass_fields__ if f != "extra"}
+    return DraftSettings(
+        **{k: v for k, v in params.items() if k in known}, extra={k: v for k, v in params.items() if k not in known}
+    )
