@@ -19,7 +19,7 @@ from draftpipe.core.io import JSONLimitError, cached_sha256, cached_sha256s, loa
 from draftpipe.core.layout import DIGEST_CACHE
 from draftpipe.formats.chat import PACKAGE_TEMPLATES, template_hash
 from draftpipe.formats.hidden_states import resolve_aux_layer_ids
-from draftpipe.formats.prompts import template_keys
+from draftpipe.formats.prompt_fields import template_keys
 from draftpipe.formats.verifier import (
     check_gguf,
     gguf_metadata,

@@ -588,7 +588,7 @@ def test_failing_load_leaves_finished_output_untouched(tmp_path):
     src.write_bytes(jsonl(OK, {"prompt": "two"}, b'{"prompt": '))
 
     def records():  # the writer consumes a lazy reader that fails on the third line
-        from draftpipe.formats.prompts import iter_source_rows
+        from draftpipe.formats.prompt_sources import iter_source_rows
 
         for lineno, obj in iter_source_rows(src):
             yield {"id": str(lineno), "messages": normalise_record(obj, f"{src}:{lineno}")}
