@@ -110,7 +110,7 @@ def _phase(name: str, verifier: str, rows_file: str, aux: list[int]) -> dict:
     else:
         from vllm import LLM, SamplingParams
 
-        from draftpipe.stages.completions import engine_kwargs
+        from draftpipe.inference.engine import engine_kwargs
 
         llm = LLM(
             **engine_kwargs(

@@ -17,7 +17,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         from draftpipe.formats.chat import planned_template, verifier_tokenizer
         from draftpipe.formats.prompts import load_prompts
         from draftpipe.inference.engine import speculative_dtype
-        from draftpipe.stages.completions import encode_and_fit
+        from draftpipe.inference.prompting import encode_and_fit
 
         p = snakemake.params
         s = p.settings

@@ -32,14 +32,14 @@ if __name__ == "__main__":
                 "warning",
                 "vLLM",
                 "the live check cannot run with this vLLM build",
-                "an engine with the draft",
-                unsupported,
-                "run the live check (or bench_run) on a GPU",
+                expected="an engine with the draft",
+                found=unsupported,
+                fix="run the live check (or bench_run) on a GPU",
             )
             rep.live = {"skipped": unsupported}
         elif p.live and rep.ok:
             from draftpipe.formats.chat import planned_template, verifier_tokenizer
-            from draftpipe.stages.completions import encode_and_fit
+            from draftpipe.inference.prompting import encode_and_fit
 
             tok = verifier_tokenizer(
                 p.verifier,

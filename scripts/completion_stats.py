@@ -9,7 +9,7 @@ from draftpipe.runtime.job import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
     from draftpipe.core.io import iter_jsonl, write_json
-    from draftpipe.stages.completions import completion_stats
+    from draftpipe.stages.completions.stats import completion_stats
 
     # streamed: one row in memory at a time, whatever the size of the completions
     stats = completion_stats({str(path): (row for _, row in iter_jsonl(path)) for path in snakemake.input.completions})

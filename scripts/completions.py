@@ -14,17 +14,18 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
     from draftpipe.runtime.job import engine_parallelism, job
 
     with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-        import draftpipe.stages.completions as completions
+        import draftpipe.stages.completions.generate as completions
         from draftpipe.core.gates import check_truncated
         from draftpipe.core.io import check_jsonl, read_jsonl, write_jsonl
         from draftpipe.core.layout import store_dir
         from draftpipe.formats.chat import planned_template
         from draftpipe.inference.engine import open_engine
         from draftpipe.runtime.store import code_digest, run_stage, stage_settings, stage_tasks
+        from draftpipe.stages.completions.settings import CompletionSettings
 
         p = snakemake.params
-        s = p.sampling
         template_file = planned_template(snakemake.config["verifier"]["chat_template_file"], p.chat_template_sha256)
+        settings = CompletionSettings.from_params(p.sampling, p.max_model_len, p.chat_template, template_file)
 
         def compute(tasks):
             # the tokenizer gate: a tokenizer that does not give the prompts back stops the stage before its engine
@@ -34,7 +35,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
                 p.verifier,
                 dtype=p.dtype,
                 max_model_len=p.max_model_len,
-                seed=s["seed"],
+                seed=settings.seed,
                 engine=engine_parallelism(snakemake.resources.gpu),
             )
             for task in tasks:
@@ -42,17 +43,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
                     llm,
                     read_jsonl(task.inputs[0]),
                     verifier=p.verifier,
-                    samples_per_prompt=s["samples_per_prompt"],
-                    temperature=s["temperature"],
-                    top_p=s["top_p"],
-                    max_tokens=s["max_tokens"],
-                    seed=s["seed"],
-                    max_model_len=p.max_model_len,
-                    too_long=s["too_long"],
-                    chat_template=p.chat_template,
-                    chat_template_file=template_file,
-                    turns=s["turns"],
-                    reasoning=s["reasoning"],
+                    settings=settings,
                     progress=f"completions shard {task.shard}",
                 )
                 write_jsonl(task.entry, rows)

@@ -23,7 +23,7 @@ def _fraction_gate(count: int, total: int, max_fraction: float, message) -> floa
 
 def truncated_rows(rows: list[dict]) -> int:
     """Rows of a completions shard cut by ``max_tokens``: ``finish_reason == "length"`` (a conversation row says
-    ``length`` when any of its answers was cut, :func:`draftpipe.stages.completions.complete_conversations`)."""
+    ``length`` when any of its answers was cut, :func:`draftpipe.stages.completions.conversations.complete_conversations`)."""
     return sum(1 for r in rows if r.get("finish_reason") == "length")
 
 

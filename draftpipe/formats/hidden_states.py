@@ -117,7 +117,7 @@ def resolve_aux_layer_ids(
 def sequence_and_mask(row: dict, max_len: int) -> tuple[list[int], list[int]]:
     """Training sequence of a completion row and its loss mask, both truncated to ``max_len`` tokens.
 
-    A conversation row (a verifier with a chat template, :func:`draftpipe.stages.completions.complete_conversations`)
+    A conversation row (a verifier with a chat template, :func:`draftpipe.stages.completions.conversations.complete_conversations`)
     carries both, ``input_ids`` and ``loss_mask`` (1 on the verifier's answers, from the template's rendering); a
     plain-text row is ``prompt_token_ids + completion_token_ids`` with the mask 1 on the completion tokens.
 

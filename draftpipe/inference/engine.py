@@ -129,7 +129,7 @@ def is_cpu_build() -> bool:
 
 
 def open_engine(verifier: str, *, dtype: str, max_model_len: int, seed: int, engine: dict | None = None) -> Any:
-    """Load the verifier in vLLM's offline engine (``vllm.LLM``) for the completions stage (:func:`draftpipe.stages.completions.complete`).
+    """Load the verifier in vLLM's offline engine (``vllm.LLM``) for the completions stage (:func:`draftpipe.stages.completions.generate.complete`).
 
     On CPU builds chunked prefill is off: vLLM's CPU worker cannot rewind a per-request generator when it discards
     a token sampled during a chunked prefill ("CPU Generator does not use offset",

@@ -325,8 +325,8 @@ def test_a_non_finite_loss_stops_training_before_the_step(verifier_dir, shards, 
 
 
 def test_shards_of_two_chat_templates_are_refused(verifier_dir, shards, tmp_path):
+    from draftpipe.formats.chat import TemplateDriftError
     from draftpipe.formats.hidden_states import iter_shard, read_shard_metadata, write_shard
-    from draftpipe.stages.completions import TemplateDriftError
     from draftpipe.stages.draft.settings import DraftSettings
     from draftpipe.stages.draft.training import train_draft
 

@@ -32,7 +32,7 @@ def test_all_stages_produce_their_artifacts(built):
     assert {row["finish_reason"] for row in rows} <= {"stop", "length"}
 
     # per-request seeds: each prompt's samples are a function of (seed, prompt id) alone
-    from draftpipe.stages.completions import request_seed
+    from draftpipe.stages.completions.settings import request_seed
 
     assert all(row["sampling"]["seed"] == request_seed(0, row["id"]) for row in rows)
 

@@ -20,16 +20,10 @@ import yaml
 from conftest import REPO, TINYSTORIES
 
 from draftpipe.core.io import write_jsonl
+from draftpipe.formats.chat import ChatTemplateError, check_chat_template, encode_prompt
 from draftpipe.formats.prompts import PromptFormatError, load_prompts, normalise_record
 from draftpipe.formats.verifier import VerifierNotFoundError, resolve_verifier
-from draftpipe.stages.completions import (
-    ChatTemplateError,
-    PromptTooLongError,
-    check_chat_template,
-    encode_prompt,
-    fit_prompt,
-    prepare_prompts,
-)
+from draftpipe.inference.prompting import PromptTooLongError, fit_prompt, prepare_prompts
 from draftpipe.workflow.config import ConfigError, check_config, validate_config
 
 ROLES = "assistant, bot, developer, function, function_call, gpt, human, ipython, model, observation, prompter, system, tool, user"
@@ -1031,7 +1025,8 @@ def test_fit_prompt_errors():
 
 def test_completions_module_does_not_import_vllm():
     code = (
-        "import sys, draftpipe.stages.completions, draftpipe.formats.prompts, draftpipe.workflow.config; "
+        "import sys, draftpipe.stages.completions.generate, draftpipe.stages.completions.conversations, "
+        "draftpipe.inference.prompting, draftpipe.formats.prompts, draftpipe.workflow.config; "
         "print(sorted(m for m in ('vllm', 'torch', 'transformers', 'pandas') if m in sys.modules))"
     )
     res = subprocess.run(
@@ -1232,7 +1227,7 @@ def test_the_developer_role_is_the_system_turn():
 
 
 def test_the_live_check_and_the_benchmark_apply_the_completions_length_policy():
-    from draftpipe.stages.completions import fit_prompts
+    from draftpipe.inference.prompting import fit_prompts
 
     rows = [
         ({"id": "a", "source": "p.jsonl", "line": 1}, [1] * 10),
@@ -1272,7 +1267,7 @@ def test_a_failed_live_check_reports_vllm_s_error_whole():
 
 
 def test_the_live_check_and_the_benchmark_encode_and_fit_their_prompts(tokenizer):
-    from draftpipe.stages.completions import encode_and_fit
+    from draftpipe.inference.prompting import encode_and_fit
 
     short = [{"role": "user", "content": "Once upon a time"}]
     long_text = " ".join(["the little dog ran to the park"] * 40)

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from draftpipe.formats.chat import assistant_spans, render_conversation, split_thinking, tiny_chat_template
-from draftpipe.stages.completions import ChatTemplateError
+from draftpipe.formats.chat import (
+    ChatTemplateError,
+    assistant_spans,
+    render_conversation,
+    split_thinking,
+    tiny_chat_template,
+)
 
 CONVERSATION = [
     {"role": "system", "content": "Be kind."},
@@ -157,7 +162,7 @@ def test_untrained_assistant_turns_are_masked_zero(tokenizer):
 
 
 def test_generation_points():
-    from draftpipe.stages.completions import generation_points
+    from draftpipe.stages.completions.conversations import generation_points
 
     assert generation_points(CONVERSATION[:-1], "all") == [2, 6]  # the tool-call turn 4 stays; then the answer
     assert generation_points(CONVERSATION[:-1], "last") == [6]
@@ -206,13 +211,13 @@ def test_generation_points():
     ],
 )
 def test_answer_message(reasoning, prompt, text, message, info):
-    from draftpipe.stages.completions import answer_message
+    from draftpipe.stages.completions.conversations import answer_message
 
     assert answer_message(text, prompt, reasoning) == ({"role": "assistant", **message}, info)
 
 
 def test_strip_leaves_no_thinking_in_any_trained_token_and_keep_trains_on_it(tokenizer):
-    from draftpipe.stages.completions import answer_message
+    from draftpipe.stages.completions.conversations import answer_message
 
     generated = ["<think>a cat</think>The cat sat.", "<think>a dog</think>The dog ran."]
     for reasoning in ("strip", "keep"):
@@ -230,7 +235,7 @@ def test_strip_leaves_no_thinking_in_any_trained_token_and_keep_trains_on_it(tok
 
 
 def test_off_renders_with_the_templates_switch(tokenizer):
-    from draftpipe.stages.completions import template_kwargs
+    from draftpipe.formats.chat import template_kwargs
 
     assert template_kwargs("off") == {"enable_thinking": False} and template_kwargs("keep") == {} == template_kwargs(
         "strip"
@@ -243,7 +248,7 @@ def test_off_renders_with_the_templates_switch(tokenizer):
 
 
 def test_completion_stats_count_exactly():
-    from draftpipe.stages.completions import completion_stats
+    from draftpipe.stages.completions.stats import completion_stats
 
     def row(pid, turns, finish="stop", mask=(0, 1), sha="a" * 64):
         return {
@@ -288,7 +293,7 @@ def test_completion_stats_count_exactly():
 
 
 def test_rows_of_two_templates_are_refused():
-    from draftpipe.stages.completions import TemplateDriftError, common_template
+    from draftpipe.formats.chat import TemplateDriftError, common_template
 
     assert common_template([("f:1", "a" * 64), ("f:2", "a" * 64)]) == "a" * 64
     with pytest.raises(TemplateDriftError, match=r"^g:3 was rendered with chat template b{64}, but f:1 with a{64}: "):
@@ -367,7 +372,7 @@ def test_acceptance_gate():
 
 
 def test_a_template_that_rewrites_earlier_turns_trains_each_answer_as_served(tokenizer):
-    from draftpipe.stages.completions import answer_message, conversation_rows
+    from draftpipe.stages.completions.conversations import answer_message, conversation_rows
 
     generated = ["<think>a cat</think>The cat sat.", "<think>a dog</think>The dog ran."]
     rewriting = tiny_chat_template().replace(

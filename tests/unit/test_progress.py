@@ -83,7 +83,7 @@ def test_console_writes_to_the_terminal_kept_before_the_redirect(tmp_path, monke
 
 def test_the_summary_lines_of_the_jobs(tmp_path):
     from draftpipe.bench.benchmark import summary_line
-    from draftpipe.stages.completions import summary
+    from draftpipe.stages.completions.generate import summary
     from draftpipe.stages.draft.metrics import training_summary
 
     rows = [
