@@ -125,6 +125,20 @@ def _cpu_name() -> str:
     return platform.processor()
 
 
+def request_record(prompt: dict, output: Any) -> dict:
+    """What the benchmark keeps of one request (a vLLM ``RequestOutput``): ``id``, ``token_ids``, ``tpot_ms``
+    (:func:`tpot_ms`, None without request metrics) and ``spec`` (vLLM's per-request speculative counters, or None)."""
+    comp = output.outputs[0]
+    m = output.metrics
+    spec = comp.spec_decode_metrics.to_dict() if getattr(comp, "spec_decode_metrics", None) else None
+    return {
+        "id": prompt["id"],
+        "token_ids": list(comp.token_ids),
+        "tpot_ms": tpot_ms(m.first_token_ts, m.last_token_ts, len(comp.token_ids)) if m else None,
+        "spec": spec,
+    }
+
+
 def run_engine(
     verifier: str,
     draft: str | None,
@@ -166,30 +180,15 @@ def run_engine(
             for batch in batch_sizes:
                 params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
                 before = snapshot(llm.get_metrics())
-                requests, out_tokens = [], 0
+                requests: list[dict] = []
                 t0 = time.perf_counter()
                 for i in range(0, len(prompts), batch):
                     chunk = prompts[i : i + batch]
                     outs = llm.generate(
                         [{"prompt_token_ids": p["prompt_token_ids"]} for p in chunk], params, use_tqdm=False
                     )
-                    for p, o in zip(chunk, outs):
-                        comp = o.outputs[0]
-                        m = o.metrics
-                        spec = (
-                            comp.spec_decode_metrics.to_dict() if getattr(comp, "spec_decode_metrics", None) else None
-                        )
-                        requests.append(
-                            {
-                                "id": p["id"],
-                                "token_ids": list(comp.token_ids),
-                                "tpot_ms": tpot_ms(m.first_token_ts, m.last_token_ts, len(comp.token_ids))
-                                if m
-                                else None,
-                                "spec": spec,
-                            }
-                        )
-                        out_tokens += len(comp.token_ids)
+                    requests += [request_record(p, o) for p, o in zip(chunk, outs)]
+                out_tokens = sum(len(r["token_ids"]) for r in requests)
                 wall = time.perf_counter() - t0
                 row = {
                     "prompt_set": name,
@@ -319,24 +318,11 @@ def benchmark(
     engine: dict | None = None,
 ) -> tuple[dict, list[dict]]:
     """Run the whole benchmark: one baseline engine, one engine per ``k``; return ``(summary, per_prompt_rows)``."""
-    base_rows = run_engine(
-        verifier,
-        None,
-        0,
-        prompt_sets,
-        temperatures,
-        batch_sizes,
-        max_tokens=max_tokens,
-        max_model_len=max_model_len,
-        dtype=dtype,
-        engine=engine,
-    )
-    base_by_key = {(r["prompt_set"], r["temperature"], r["batch_size"]): r for r in base_rows}
-    results, table = [], []
-    for k in num_speculative_tokens:
-        for row in run_engine(
+
+    def run(draft_dir: str | None, k: int) -> list[dict]:
+        return run_engine(
             verifier,
-            draft,
+            draft_dir,
             k,
             prompt_sets,
             temperatures,
@@ -345,7 +331,13 @@ def benchmark(
             max_model_len=max_model_len,
             dtype=dtype,
             engine=engine,
-        ):
+        )
+
+    base_rows = run(None, 0)
+    base_by_key = {(r["prompt_set"], r["temperature"], r["batch_size"]): r for r in base_rows}
+    results, table = [], []
+    for k in num_speculative_tokens:
+        for row in run(draft, k):
             base = base_by_key[(row["prompt_set"], row["temperature"], row["batch_size"])]
             results.append(compare_rows(base, row))
             table.extend(per_prompt_rows(base, row))

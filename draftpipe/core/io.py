@@ -211,6 +211,25 @@ def load_json(
     return obj
 
 
+def load_json_object(text: str | bytes, where: str) -> dict:
+    """A JSON object from untrusted text (:func:`load_json`'s limits), every error a ``ValueError`` that starts with
+    ``where`` (a file, or ``file:line``).
+
+    Raises:
+        ValueError: ``<where>: <limit>`` (:class:`JSONLimitError`), ``<where>: not valid JSON (<reason>)``, or
+            ``<where>: expected a JSON object, got <type>``.
+    """
+    try:
+        obj = load_json(text)
+    except JSONLimitError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not valid JSON ({exc.msg})") from exc
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 class SafetensorsHeaderError(ValueError):
     """A safetensors file's framing is broken; the message is the reason, without the path."""
 
@@ -372,15 +391,7 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
-            try:
-                rec = load_json(line)
-            except JSONLimitError as exc:
-                raise ValueError(f"{path}:{lineno}: {exc}") from exc
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-            yield lineno, rec
+            yield lineno, load_json_object(line, f"{path}:{lineno}")
 
 
 def check_jsonl(path: str | os.PathLike) -> str | None:

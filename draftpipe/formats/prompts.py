@@ -289,6 +289,28 @@ def normalise_record(
     return messages
 
 
+def _is_plain_text(obj: Any, src: dict, used: tuple[str, ...]) -> bool:
+    """Whether a record is read as plain text (a ``field``/``template`` mapping that is not a chat shape, or a
+    ``prompt`` key first among the shapes): the records whose text outside the prompt is counted."""
+    if used:
+        return src.get("field") not in CHAT_SHAPES
+    return isinstance(obj, dict) and next((k for k in SHAPE_KEYS if k in obj), None) == "prompt"
+
+
+def _check_explicit_id(obj: dict, where: str, pid: str, explicit_ids: dict[str, tuple[str, str]]) -> None:
+    """A source's explicit ``id`` names one prompt: the same id on a different prompt of the same source is an error
+    naming both lines (``explicit_ids``: the source's ids so far, ``{id as JSON: (where, prompt id)}``).
+
+    Raises:
+        PromptFormatError: ``<where>: id <id> was already used for a different prompt at <first where>``.
+    """
+    if obj.get("id") is None:
+        return
+    first = explicit_ids.setdefault(json.dumps(obj["id"], sort_keys=True), (where, pid))
+    if first[1] != pid:
+        raise PromptFormatError(f"{where}: id {obj['id']!r} was already used for a different prompt at {first[0]}")
+
+
 def load_prompts(sources: Iterable[dict], system_prompt: str | None = None) -> tuple[list[dict], PromptStats]:
     """Read every source, normalise, and drop empty prompts and duplicates (first occurrence wins).
 
@@ -329,12 +351,7 @@ def load_prompts(sources: Iterable[dict], system_prompt: str | None = None) -> t
             counts["read"] += 1
             where = source_location(path, number)
             messages = normalise_record(obj, where, src.get("field"), src.get("template"))
-            plain = (
-                src.get("field") not in CHAT_SHAPES
-                if used
-                else (isinstance(obj, dict) and next((k for k in SHAPE_KEYS if k in obj), None) == "prompt")
-            )
-            if plain:
+            if _is_plain_text(obj, src, used):
                 for k in ignored_text_keys(obj, src, used or ("prompt",)):
                     ignored[k] += 1
                     ignored_at.setdefault(k, where)
@@ -346,13 +363,7 @@ def load_prompts(sources: Iterable[dict], system_prompt: str | None = None) -> t
             messages = with_system_prompt(messages, system_prompt)
             tools = record_tools(obj, where)
             pid = prompt_id(messages, tools)
-            if obj.get("id") is not None:
-                key = json.dumps(obj["id"], sort_keys=True)
-                first = explicit_ids.setdefault(key, (where, pid))
-                if first[1] != pid:
-                    raise PromptFormatError(
-                        f"{where}: id {obj['id']!r} was already used for a different prompt at {first[0]}"
-                    )
+            _check_explicit_id(obj, where, pid, explicit_ids)
             if pid in seen:
                 counts["duplicates"] += 1
                 continue

@@ -9,12 +9,11 @@ GGUF -> Hugging Face conversion itself is :mod:`draftpipe.stages.verifier`. Refe
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 from pathlib import Path
 
-from draftpipe.core.io import JSONLimitError, load_json
+from draftpipe.core.io import load_json_object
 
 __all__ = [
     "BAD_GGUF_METADATA_KEYS",
@@ -179,14 +178,7 @@ def load_verifier_config(path: str | os.PathLike, *, text: bool = False) -> dict
     cfg = p if p.is_file() else p / "config.json"
     if not cfg.is_file():
         raise VerifierNotFoundError(f"no config.json in {str(path)!r}: not a Hugging Face model directory")
-    try:
-        obj = load_json(cfg.read_text(encoding="utf-8"))
-    except JSONLimitError as exc:
-        raise ValueError(f"{cfg}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{cfg}: not valid JSON ({exc.msg})") from exc
-    if not isinstance(obj, dict):
-        raise ValueError(f"{cfg}: expected a JSON object, got {type(obj).__name__}")
+    obj = load_json_object(cfg.read_text(encoding="utf-8"), str(cfg))
     return text_config(obj) if text else obj
 
 

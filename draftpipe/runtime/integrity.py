@@ -87,6 +87,24 @@ def _walk(results: Path) -> tuple[list[Path], list[Path]]:
     return sorted(artifacts), sorted(manifests)
 
 
+def _changed_inputs(inputs: list[dict], base: Path, sha: _Hasher) -> list[str]:
+    """What changed of an artifact's recorded inputs (``{"path", "sha256"}``, relative paths against ``base``):
+    ``input <path> is missing`` or ``input <path> changed (sha256 ...)``."""
+    changed = []
+    for rec in inputs:
+        rel = rec.get("path")
+        if not rel or rec.get("sha256") is None:
+            continue
+        p = Path(rel) if os.path.isabs(rel) else base / rel
+        if not p.exists():
+            changed.append(f"input {rel} is missing")
+            continue
+        now = sha(p)
+        if now != rec["sha256"]:
+            changed.append(f"input {rel} changed (sha256 {_short(now)}... != recorded {_short(rec['sha256'])}...)")
+    return changed
+
+
 def verify_tree(
     results_dir: str | os.PathLike = "results", *, workdir: str | os.PathLike | None = None, check_shards: bool = True
 ) -> list[Finding]:
@@ -144,23 +162,9 @@ def verify_tree(
                 corrupt.append(f"invalid shard: {str(exc).removeprefix(f'{art}: ')}")
         if corrupt:
             findings.append(Finding(CORRUPT, shown, "; ".join(corrupt)))
-        if man is not None:
-            changed = []
-            for rec in inputs:
-                rel = rec.get("path")
-                if not rel or rec.get("sha256") is None:
-                    continue
-                p = Path(rel) if os.path.isabs(rel) else base / rel
-                if not p.exists():
-                    changed.append(f"input {rel} is missing")
-                    continue
-                now = sha(p)
-                if now != rec["sha256"]:
-                    changed.append(
-                        f"input {rel} changed (sha256 {_short(now)}... != recorded {_short(rec['sha256'])}...)"
-                    )
-            if changed:
-                findings.append(Finding(STALE, shown, "; ".join(changed)))
+        changed = _changed_inputs(inputs, base, sha) if man is not None else []
+        if changed:
+            findings.append(Finding(STALE, shown, "; ".join(changed)))
     for mpath in manifests:
         art = Path(str(mpath)[: -len(SUFFIX)])
         if not art.exists():

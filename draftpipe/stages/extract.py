@@ -116,17 +116,10 @@ def extraction_engine_kwargs(
     return engine_kwargs(verifier, dtype=dtype, max_model_len=max_len + 1, seed=seed, extra=extra)
 
 
-def open_extractor(
-    verifier: str,
-    *,
-    layer_ids: list[int],
-    dtype: str,
-    max_len: int,
-    seed: int,
-    request_dir: str | os.PathLike,
-    engine: dict | None = None,
-) -> Any:
-    """Start vLLM (``vllm.LLM``) for :func:`extract` (see :func:`extraction_engine_kwargs`).
+def open_extractor(verifier: str, **settings: Any) -> Any:
+    """Start vLLM (``vllm.LLM``) for :func:`extract`: the engine of :func:`extraction_engine_kwargs` ``(verifier,
+    **settings)`` (keyword arguments ``layer_ids``, ``dtype``, ``max_len``, ``seed``, ``request_dir``, ``engine``),
+    with ``request_dir`` created.
 
     ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set (unless the user set it) because ``max_model_len`` is one more than the
     longest sequence, which may be one more than the verifier's ``max_position_embeddings``; that position is never
@@ -135,18 +128,8 @@ def open_extractor(
     from vllm import LLM
 
     os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
-    Path(request_dir).mkdir(parents=True, exist_ok=True)
-    return LLM(
-        **extraction_engine_kwargs(
-            verifier,
-            layer_ids=layer_ids,
-            dtype=dtype,
-            max_len=max_len,
-            seed=seed,
-            request_dir=request_dir,
-            engine=engine,
-        )
-    )
+    Path(settings["request_dir"]).mkdir(parents=True, exist_ok=True)
+    return LLM(**extraction_engine_kwargs(verifier, **settings))
 
 
 def batches(lengths: list[int], batch_tokens: int) -> Iterator[range]:

@@ -14,6 +14,25 @@ Two facts shape this module:
 
 The GGUF's metadata and the checks the workflow runs before this stage are :mod:`draftpipe.formats.verifier`;
 torch and transformers are imported inside the functions that need them.
+
+The model, tokenizer and chat template are what transformers' GGUF loader reads from the file
+(``from_pretrained(..., gguf_file=...)``: it dequantizes Q4_1, Q8_0, ... tensors and rebuilds a ``llama``
+(SentencePiece) or ``gpt2`` (byte-level BPE) tokenizer with the GGUF's ``tokenizer.chat_template``). Steps of our
+own only where a model needs them (tiny-verifier.md §2-5):
+
+1. copy the GGUF without ``tokenizer.ggml.padding_token_id`` / ``tokenizer.ggml.seperator_token_id`` when they
+   are 0xFFFFFFFF (llama.cpp's llama2.c conversion), which the loader would use as indices
+   (:func:`strip_gguf_metadata`);
+2. rebuild a clean ``LlamaForCausalLM`` from a ``LlamaConfig`` without ``quantization_config`` (a GGUF-flagged
+   model refuses ``save_pretrained``), ``load_state_dict(strict=True)``, in ``dtype``;
+3. ``max_position_embeddings`` as given (stories260K: its trained 512; the GGUF says 2048);
+4. a SentencePiece tokenizer (``llama``): BOS prepended unless ``tokenizer.ggml.add_bos_token`` is false and a
+   ``LlamaTokenizer`` config; without a chat template (a llama2.c base model), ``eos_token_id = [bos, eos]``:
+   llama2.c models end a story with ``<s>`` and never emit ``</s>`` (§8). A ``gpt2`` tokenizer is saved as the
+   loader built it, chat template included (``chat_template.jinja``);
+5. the head dim re-parameterised exactly where ``head_dim`` differs from the model's (:func:`reparameterize_head_dim`);
+6. the saved tokenizer, read back, must give :data:`PROBE_TEXTS` back (the tokenizer gate,
+   :mod:`draftpipe.core.tokenizer_check`), and a GGUF chat template must be in the directory.
 """
 
 from __future__ import annotations
@@ -26,6 +45,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from draftpipe.core.io import atomic_dir, sha256_file
 from draftpipe.core.tokenizer_check import check_round_trip
@@ -140,16 +160,33 @@ def reparameterize_head_dim(model, new_head_dim: int):
             RoPE or an unsupported rope type; attention tensors of unexpected shapes; or the new rotary
             frequencies do not match the old ones on the mapped dims.
     """
-    import torch
+    old = _reparameterizable_head_dim(model.config, new_head_dim)
+    if new_head_dim == old:
+        return model
+    new_config = copy.deepcopy(model.config)
+    new_config.head_dim = new_head_dim
+    param = next(model.parameters())
+    new_model = type(model)(new_config).to(dtype=param.dtype, device=param.device)
+    new_model.load_state_dict(_widened_state_dict(model, old, new_head_dim), strict=True)
+    new_model.train(model.training)
+    if getattr(model, "generation_config", None) is not None:
+        new_model.generation_config = copy.deepcopy(model.generation_config)
+    _check_rotary(model, new_model, new_head_dim // old)
+    return new_model
 
-    config = model.config
+
+def _reparameterizable_head_dim(config: Any, new_head_dim: int) -> int:
+    """The model's head dim, once ``new_head_dim`` and the RoPE are checked for :func:`reparameterize_head_dim`.
+
+    Raises:
+        ValueError: as :func:`reparameterize_head_dim` says (checked in that order).
+    """
     if getattr(config, "model_type", None) != "llama":
         raise ValueError(
             f"reparameterize_head_dim supports Llama models only, got model_type "
             f"{getattr(config, 'model_type', None)!r}"
         )
-    n_heads, n_kv = config.num_attention_heads, config.num_key_value_heads
-    old = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    old = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if isinstance(new_head_dim, bool) or not isinstance(new_head_dim, int) or new_head_dim <= 0:
         raise ValueError(f"new_head_dim must be a positive integer, got {new_head_dim!r}")
     if new_head_dim % old != 0:
@@ -159,7 +196,7 @@ def reparameterize_head_dim(model, new_head_dim: int):
             f"new_head_dim = k * {old} for an integer k >= 1"
         )
     if new_head_dim == old:
-        return model
+        return old
     if old % 2:
         raise ValueError(f"head_dim {old} is odd; RoPE needs an even head_dim")
     rope_type, prf = _rope_info(config)
@@ -170,9 +207,21 @@ def reparameterize_head_dim(model, new_head_dim: int):
             f"rope type {rope_type!r} is not supported (supported: {', '.join(_SUPPORTED_ROPE_TYPES)}): "
             f"its frequencies depend on head_dim in a way the mapping does not preserve"
         )
+    return old
 
-    r = new_head_dim // old
-    q_scale = math.sqrt(r)
+
+def _widened_state_dict(model: Any, old: int, new_head_dim: int) -> dict:
+    """The state dict of :func:`reparameterize_head_dim`'s model: q/k/v/o projections widened as its docstring
+    says, every other tensor as it is.
+
+    Raises:
+        ValueError: an attention tensor of an unexpected shape.
+    """
+    import torch
+
+    config = model.config
+    n_heads, n_kv = config.num_attention_heads, config.num_key_value_heads
+    q_scale = math.sqrt(new_head_dim // old)
     idx = torch.tensor(_mapped_dims(old, new_head_dim))
     pat = re.compile(r"(?:^|\.)self_attn\.(q|k|v|o)_proj\.(weight|bias)$")
 
@@ -207,19 +256,19 @@ def reparameterize_head_dim(model, new_head_dim: int):
             out = t.new_zeros((t.shape[0], n_heads, new_head_dim))
             out[:, :, :old] = src
             new_sd[name] = out.reshape(t.shape[0], n_heads * new_head_dim)
+    return new_sd
 
-    new_config = copy.deepcopy(config)
-    new_config.head_dim = new_head_dim
-    param = next(model.parameters())
-    new_model = type(model)(new_config).to(dtype=param.dtype, device=param.device)
-    new_model.load_state_dict(new_sd, strict=True)
-    new_model.train(model.training)
-    if getattr(model, "generation_config", None) is not None:
-        new_model.generation_config = copy.deepcopy(model.generation_config)
 
-    # The mapping is exact only if each mapped pair rotates at the old frequency: check it on the real modules.
-    old_rot, new_rot = _rotary_modules(model), _rotary_modules(new_model)
-    for a, b in zip(old_rot, new_rot):
+def _check_rotary(model: Any, new_model: Any, r: int) -> None:
+    """The mapping is exact only if each mapped pair rotates at the old frequency: checked on the real rotary
+    modules (every ``r``-th new frequency equals the old one, the same attention scaling).
+
+    Raises:
+        ValueError: the frequencies or the scaling differ.
+    """
+    import torch
+
+    for a, b in zip(_rotary_modules(model), _rotary_modules(new_model)):
         fa, fb = a.inv_freq.double().cpu(), b.inv_freq.double().cpu()
         if (
             fb.numel() != r * fa.numel()
@@ -230,7 +279,6 @@ def reparameterize_head_dim(model, new_head_dim: int):
                 "rotary frequencies of the re-parameterised model do not match the original ones on "
                 "the mapped dims; the RoPE configuration is not supported"
             )
-    return new_model
 
 
 def _float32_shortest(x: float) -> float:
@@ -302,24 +350,8 @@ def convert_gguf(
 ) -> dict:
     """Convert a Llama-family GGUF into a plain Hugging Face directory that vLLM and transformers load.
 
-    The model, tokenizer and chat template are what transformers' GGUF loader reads from the file
-    (``from_pretrained(..., gguf_file=...)``: it dequantizes Q4_1, Q8_0, ... tensors and rebuilds a ``llama``
-    (SentencePiece) or ``gpt2`` (byte-level BPE) tokenizer with the GGUF's ``tokenizer.chat_template``). Steps of our
-    own only where a model needs them (tiny-verifier.md §2-5):
-
-    1. copy the GGUF without ``tokenizer.ggml.padding_token_id`` / ``tokenizer.ggml.seperator_token_id`` when they
-       are 0xFFFFFFFF (llama.cpp's llama2.c conversion), which the loader would use as indices
-       (:func:`strip_gguf_metadata`);
-    2. rebuild a clean ``LlamaForCausalLM`` from a ``LlamaConfig`` without ``quantization_config`` (a GGUF-flagged
-       model refuses ``save_pretrained``), ``load_state_dict(strict=True)``, in ``dtype``;
-    3. ``max_position_embeddings`` as given (stories260K: its trained 512; the GGUF says 2048);
-    4. a SentencePiece tokenizer (``llama``): BOS prepended unless ``tokenizer.ggml.add_bos_token`` is false and a
-       ``LlamaTokenizer`` config; without a chat template (a llama2.c base model), ``eos_token_id = [bos, eos]``:
-       llama2.c models end a story with ``<s>`` and never emit ``</s>`` (§8). A ``gpt2`` tokenizer is saved as the
-       loader built it, chat template included (``chat_template.jinja``);
-    5. the head dim re-parameterised exactly where ``head_dim`` differs from the model's (:func:`reparameterize_head_dim`);
-    6. the saved tokenizer, read back, must give :data:`PROBE_TEXTS` back (the tokenizer gate,
-       :mod:`draftpipe.core.tokenizer_check`), and a GGUF chat template must be in the directory.
+    The model, tokenizer and chat template are what transformers' GGUF loader reads from the file, with the steps of
+    our own the module docstring lists.
 
     The directory is built in a temporary sibling (``.<name>.tmp-*``) and renamed into place only when complete;
     an existing ``out_dir`` is replaced only then. Output bytes are deterministic for fixed package versions
@@ -354,6 +386,47 @@ def convert_gguf(
         draftpipe.core.tokenizer_check.TokenizerGateError: the saved tokenizer does not give the probe texts back.
         ImportError: torch, transformers, gguf or accelerate missing.
     """
+    src, meta, head_dim, torch_dtype = _checked_arguments(gguf_path, head_dim, max_position_embeddings, dtype)
+    source_sha = sha256_file(src)
+    out = Path(out_dir)
+    with atomic_dir(out) as build:
+        tokenizer, gmodel, removed = _load_gguf(src, meta)
+        model, config = _clean_llama(gmodel, src, max_position_embeddings)
+        del gmodel  # the loader's copy of the weights, before any wider one is built
+        original_head_dim = config.head_dim
+        if head_dim is not None and head_dim != original_head_dim:
+            model = reparameterize_head_dim(model, head_dim)
+        model = model.to(dtype=torch_dtype)
+        model.config.dtype = torch_dtype
+        _save(build, model, tokenizer, config, meta, src)
+        files = {p.name: sha256_file(p) for p in sorted(build.iterdir()) if p.is_file()}
+    saved = load_verifier_config(out)
+    return {
+        "out_dir": str(out),
+        "source_gguf": str(src),
+        "source_sha256": source_sha,
+        "removed_metadata": removed,
+        "original_head_dim": original_head_dim,
+        "tokenizer_model": meta["tokenizer_model"],
+        "quantized": meta["quantized"],
+        "dtype": str(torch_dtype).removeprefix("torch."),
+        "chat_template": meta["chat_template"] is not None,
+        **{k: saved.get(k) for k in SUMMARY_CONFIG_KEYS},
+        "rope_theta": (saved.get("rope_parameters") or {}).get("rope_theta", saved.get("rope_theta")),
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "files": files,
+    }
+
+
+def _checked_arguments(
+    gguf_path: str | os.PathLike, head_dim: int | None | str, max_position_embeddings: int | None, dtype: str | None
+) -> tuple[Path, dict, int | None, Any]:
+    """:func:`convert_gguf`'s arguments checked before anything is built: ``(path, GGUF metadata, head dim with
+    "auto" resolved, torch dtype)``.
+
+    Raises:
+        FileNotFoundError, UnsupportedGGUFError, ValueError: as :func:`convert_gguf` says.
+    """
     src = Path(gguf_path)
     if not src.is_file():
         raise FileNotFoundError(f"GGUF file not found: {str(gguf_path)!r}")
@@ -365,107 +438,106 @@ def convert_gguf(
     check_gguf(meta, str(src), field="gguf_path")
     if head_dim == "auto":
         head_dim = resolve_gguf_head_dim(None, meta["head_dim"], field="head_dim")
-    source_sha = sha256_file(src)
 
     import torch
-    from tokenizers import processors
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     torch_dtype = getattr(torch, dtype or "float32", None)
     if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
         raise ValueError(f"dtype: {dtype!r} is not a torch floating-point dtype (float32, bfloat16, float16)")
+    return src, meta, head_dim, torch_dtype
+
+
+#: the config fields :func:`convert_gguf`'s summary reports
+SUMMARY_CONFIG_KEYS = (
+    "head_dim",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_hidden_layers",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "bos_token_id",
+    "eos_token_id",
+)
+
+
+def _load_gguf(src: Path, meta: dict) -> tuple[Any, Any, list[str]]:
+    """The tokenizer and model transformers' GGUF loader reads from ``src`` (step 1: a copy without the invalid
+    token-id keys where the file has them, else the file itself through a link); returns them and the keys removed."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="draftpipe-gguf-") as td:
+        fixed_name = "model.gguf"
+        bad_keys = tuple(meta["invalid_token_id_keys"])
+        if bad_keys:
+            removed = strip_gguf_metadata(src, Path(td) / fixed_name, bad_keys)
+        else:  # nothing to remove: the loader reads the file itself, not a copy of it
+            os.symlink(Path(src).resolve(), Path(td) / fixed_name)
+            removed = []
+        tokenizer = AutoTokenizer.from_pretrained(td, gguf_file=fixed_name)
+        gmodel = AutoModelForCausalLM.from_pretrained(td, gguf_file=fixed_name)
+    return tokenizer, gmodel, removed
+
+
+def _clean_llama(gmodel: Any, src: Path, max_position_embeddings: int | None) -> tuple[Any, Any]:
+    """Step 2-3: a plain ``LlamaForCausalLM`` with the loaded weights (``strict``), its config without the GGUF's
+    quantization flag, an explicit ``head_dim`` and the given context; returns ``(model, config)``.
+
+    Raises:
+        UnsupportedGGUFError: the loader did not build a Llama model.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    gcfg = gmodel.config
+    if getattr(gcfg, "model_type", None) != "llama":
+        raise UnsupportedGGUFError(
+            f"{src}: expected a Llama GGUF, got model_type {getattr(gcfg, 'model_type', None)!r}"
+        )
+    cfg_dict = gcfg.to_dict()
+    for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version"):
+        cfg_dict.pop(key, None)
+    config = LlamaConfig(**cfg_dict)
+    config.architectures = ["LlamaForCausalLM"]
+    config.pad_token_id = None
+    config.rms_norm_eps = _float32_shortest(config.rms_norm_eps)
+    if max_position_embeddings is not None:
+        config.max_position_embeddings = int(max_position_embeddings)
+    config.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    model = LlamaForCausalLM(config).to(dtype=next(gmodel.parameters()).dtype)
+    model.load_state_dict(gmodel.state_dict(), strict=True)
+    return model.eval(), config
+
+
+def _save(build: Path, model: Any, tokenizer: Any, config: Any, meta: dict, src: Path) -> None:
+    """Steps 4 and 6: the model with its generation config, the tokenizer (llama2.c's recipe for a SentencePiece
+    base model, else as the loader built it), read back through the tokenizer gate, the chat template kept.
+
+    Raises:
+        draftpipe.core.tokenizer_check.TokenizerGateError: the saved tokenizer does not give the probe texts back.
+        ValueError: the GGUF's chat template is not in the saved directory.
+    """
+    import torch
+    from tokenizers import processors
+    from transformers import AutoTokenizer, GenerationConfig
+
     spm = meta["tokenizer_model"] == "llama"
-    out = Path(out_dir)
-    with atomic_dir(out) as build:
-        with tempfile.TemporaryDirectory(prefix="draftpipe-gguf-") as td:
-            fixed_name = "model.gguf"
-            bad_keys = tuple(meta["invalid_token_id_keys"])
-            if bad_keys:
-                removed = strip_gguf_metadata(src, Path(td) / fixed_name, bad_keys)
-            else:  # nothing to remove: the loader reads the file itself, not a copy of it
-                os.symlink(Path(src).resolve(), Path(td) / fixed_name)
-                removed = []
-            tokenizer = AutoTokenizer.from_pretrained(td, gguf_file=fixed_name)
-            gmodel = AutoModelForCausalLM.from_pretrained(td, gguf_file=fixed_name)
-        gcfg = gmodel.config
-        if getattr(gcfg, "model_type", None) != "llama":
-            raise UnsupportedGGUFError(
-                f"{src}: expected a Llama GGUF, got model_type {getattr(gcfg, 'model_type', None)!r}"
-            )
-
-        cfg_dict = gcfg.to_dict()
-        for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version"):
-            cfg_dict.pop(key, None)
-        config = LlamaConfig(**cfg_dict)
-        config.architectures = ["LlamaForCausalLM"]
-        config.pad_token_id = None
-        config.rms_norm_eps = _float32_shortest(config.rms_norm_eps)
-        if max_position_embeddings is not None:
-            config.max_position_embeddings = int(max_position_embeddings)
-        original_head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        config.head_dim = original_head_dim  # explicit, whatever happens next
-
-        model = LlamaForCausalLM(config).to(dtype=next(gmodel.parameters()).dtype)
-        model.load_state_dict(gmodel.state_dict(), strict=True)
-        model.eval()
-        del gmodel
-        if head_dim is not None and head_dim != original_head_dim:
-            model = reparameterize_head_dim(model, head_dim)
-        model = model.to(dtype=torch_dtype)
-        model.config.dtype = torch_dtype
-
-        template = meta["chat_template"]
-        bos_id, eos_id = config.bos_token_id, config.eos_token_id
-        llama2c = spm and template is None
-        eos = [i for i in ((bos_id, eos_id) if llama2c else (eos_id,)) if i is not None]
-        model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=eos if len(eos) > 1 else eos[0])
-        with torch.no_grad():
-            model.save_pretrained(build)
-
-        if spm:
-            _llama2c_tokenizer(build, tokenizer, config, meta["add_bos_token"] is not False, processors)
-        else:
-            _loader_tokenizer(build, tokenizer, config)
-        saved_tok = AutoTokenizer.from_pretrained(build, local_files_only=True)
-        check_round_trip(saved_tok, ((f"probe text {i + 1}", t) for i, t in enumerate(PROBE_TEXTS)), str(src))
-        if template is not None and saved_tok.chat_template != template:
-            raise ValueError(
-                f"{src}: the GGUF's chat template (tokenizer.chat_template) was not kept by the conversion"
-            )
-
-        files = {p.name: sha256_file(p) for p in sorted(build.iterdir()) if p.is_file()}
-
-    saved = load_verifier_config(out)
-    return {
-        "out_dir": str(out),
-        "source_gguf": str(src),
-        "source_sha256": source_sha,
-        "removed_metadata": removed,
-        "original_head_dim": original_head_dim,
-        "tokenizer_model": meta["tokenizer_model"],
-        "quantized": meta["quantized"],
-        "dtype": str(torch_dtype).removeprefix("torch."),
-        "chat_template": template is not None,
-        **{
-            k: saved.get(k)
-            for k in (
-                "head_dim",
-                "hidden_size",
-                "num_attention_heads",
-                "num_key_value_heads",
-                "num_hidden_layers",
-                "intermediate_size",
-                "vocab_size",
-                "max_position_embeddings",
-                "rms_norm_eps",
-                "bos_token_id",
-                "eos_token_id",
-            )
-        },
-        "rope_theta": (saved.get("rope_parameters") or {}).get("rope_theta", saved.get("rope_theta")),
-        "num_parameters": sum(p.numel() for p in model.parameters()),
-        "files": files,
-    }
+    template = meta["chat_template"]
+    bos_id, eos_id = config.bos_token_id, config.eos_token_id
+    llama2c = spm and template is None
+    eos = [i for i in ((bos_id, eos_id) if llama2c else (eos_id,)) if i is not None]
+    model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=eos if len(eos) > 1 else eos[0])
+    with torch.no_grad():
+        model.save_pretrained(build)
+    if spm:
+        _llama2c_tokenizer(build, tokenizer, config, meta["add_bos_token"] is not False, processors)
+    else:
+        _loader_tokenizer(build, tokenizer, config)
+    saved_tok = AutoTokenizer.from_pretrained(build, local_files_only=True)
+    check_round_trip(saved_tok, ((f"probe text {i + 1}", t) for i, t in enumerate(PROBE_TEXTS)), str(src))
+    if template is not None and saved_tok.chat_template != template:
+        raise ValueError(f"{src}: the GGUF's chat template (tokenizer.chat_template) was not kept by the conversion")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -186,3 +186,37 @@ def test_the_command_lines_are_installed_and_answer_help():
             [str(Path(sys.executable).parent / name), "--help"], capture_output=True, text=True, timeout=120
         )
         assert proc.returncode == 0 and proc.stdout.startswith("usage: "), (name, proc.stderr[-2000:])
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80
+
+
+def oversized(package: Path) -> list[str]:
+    """Modules of more than :data:`MAX_MODULE_LINES` lines and functions (docstring included) of more than
+    :data:`MAX_FUNCTION_LINES`, as ``path:line name (N lines)``."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if "data" in path.relative_to(package).parts:
+            continue
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            found.append(f"{path.relative_to(package.parent)} ({len(text.splitlines())} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    found.append(f"{path.relative_to(package.parent)}:{node.lineno} {node.name} ({n} lines)")
+    return found
+
+
+def test_no_module_over_600_lines_and_no_function_over_80(tmp_path):
+    assert oversized(PACKAGE) == []
+    # the check can fail: a long function in a long module is named twice
+    fake = tmp_path / "draftpipe" / "core"
+    fake.mkdir(parents=True)
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_MODULE_LINES))
+    (fake / "big.py").write_text(f"def f():\n{body}")
+    assert oversized(tmp_path / "draftpipe") == [
+        f"draftpipe/core/big.py ({MAX_MODULE_LINES + 1} lines)",
+        f"draftpipe/core/big.py:1 f ({MAX_MODULE_LINES + 1} lines)",
+    ]

@@ -177,6 +177,8 @@ def _check_format(rep: Report, config: dict, fmt: str) -> None:
 
 
 def _check_config(rep: Report, e: dict, mc: dict, fmt: str, expect: dict) -> None:
+    """Config values vLLM's loader takes or refuses (activation, layer types, ``target_hidden_size``, the norms),
+    then the context and the values the build asked for (:func:`_check_expected`)."""
     if e["hidden_act"] != "silu":
         rep.add(
             "config.hidden_act",
@@ -229,6 +231,12 @@ def _check_config(rep: Report, e: dict, mc: dict, fmt: str, expect: dict) -> Non
             found=True,
             fix="check which convention the trainer used",
         )
+    _check_expected(rep, e, expect)
+
+
+def _check_expected(rep: Report, e: dict, expect: dict) -> None:
+    """The draft's context against the one the verifier is served with, and ``head_dim`` and ``draft_vocab_size``
+    against what the build asked for."""
     # the context the verifier is served with: the build's max_model_len, else the verifier's own
     mpe = e["max_position_embeddings"]
     served = expect.get("max_model_len") or e["verifier_max_position_embeddings"]
@@ -269,32 +277,26 @@ def _check_config(rep: Report, e: dict, mc: dict, fmt: str, expect: dict) -> Non
         )
 
 
-def _check_aux(rep: Report, e: dict, fmt: str, config: dict, expect: dict) -> None:
-    top, inner, N, A = (
-        e["aux_layer_ids_top_level"],
-        e["aux_layer_ids_eagle_config"],
-        e["verifier_num_layers"],
-        e["num_aux_hidden_states"],
+def _aux_missing(rep: Report, N: int | None) -> None:
+    """No aux layer ids: vLLM falls back to its defaults (an error where they repeat on a shallow verifier)."""
+    default = [2, N // 2, N - 3] if N else None
+    sev = "error" if default and len(set(default)) != 3 else "warning"
+    rep.add(
+        "aux.missing",
+        sev,
+        "eagle_aux_hidden_state_layer_ids",
+        "no aux layer ids: vLLM falls back to "
+        f"(2, N//2, N-3) = {default}, which silently lowers acceptance if the draft was trained on other "
+        "layers (vLLM PR #50170)",
+        expected="the ids used in training",
+        found=None,
+        fix="write eagle_aux_hidden_state_layer_ids at the top level and in eagle_config",
     )
-    ids = top or inner
-    if not e["use_aux_hidden_state"]:
-        rep.add("aux.unused", "info", "eagle_config.use_aux_hidden_state", "draft does not read aux hidden states")
-        return
-    if not ids:
-        default = [2, N // 2, N - 3] if N else None
-        sev = "error" if default and len(set(default)) != 3 else "warning"
-        rep.add(
-            "aux.missing",
-            sev,
-            "eagle_aux_hidden_state_layer_ids",
-            "no aux layer ids: vLLM falls back to "
-            f"(2, N//2, N-3) = {default}, which silently lowers acceptance if the draft was trained on other "
-            "layers (vLLM PR #50170)",
-            expected="the ids used in training",
-            found=None,
-            fix="write eagle_aux_hidden_state_layer_ids at the top level and in eagle_config",
-        )
-        return
+
+
+def _check_aux_values(rep: Report, e: dict, ids: list[int]) -> None:
+    """The ids in vLLM's range for the verifier, distinct, and as many as ``fc`` is built for."""
+    N, A = e["verifier_num_layers"], e["num_aux_hidden_states"]
     if N is not None:
         bad = [i for i in ids if not 0 <= i <= N]
         if bad:
@@ -329,6 +331,10 @@ def _check_aux(rep: Report, e: dict, fmt: str, config: dict, expect: dict) -> No
             found=len(set(ids)),
             fix="write the ids in eagle_config.eagle_aux_hidden_state_layer_ids too (or num_aux_hidden_states)",
         )
+
+
+def _check_aux_places(rep: Report, fmt: str, top: list[int] | None, inner: list[int] | None) -> None:
+    """The ids where each vLLM runner reads them: one list at the top level and in ``eagle_config``."""
     if top and inner and list(top) != list(inner):
         rep.add(
             "aux.disagree",
@@ -358,6 +364,21 @@ def _check_aux(rep: Report, e: dict, fmt: str, config: dict, expect: dict) -> No
             "EAGLE-style checkpoint: "
             "if it was trained with SpecForge/SGLang ids (output of layer k), add 1 for vLLM (sglang PR #25454)",
         )
+
+
+def _check_aux(rep: Report, e: dict, fmt: str, config: dict, expect: dict) -> None:
+    """The aux layer ids: present, in range, distinct, as many as ``fc`` takes, where each vLLM runner reads them,
+    the ids the build asked for; and the norm flag vLLM's speculators path assumes."""
+    top, inner = e["aux_layer_ids_top_level"], e["aux_layer_ids_eagle_config"]
+    ids = top or inner
+    if not e["use_aux_hidden_state"]:
+        rep.add("aux.unused", "info", "eagle_config.use_aux_hidden_state", "draft does not read aux hidden states")
+        return
+    if not ids:
+        _aux_missing(rep, e["verifier_num_layers"])
+        return
+    _check_aux_values(rep, e, ids)
+    _check_aux_places(rep, fmt, top, inner)
     if expect.get("aux_layer_ids") and sorted(set(ids)) != sorted(expect["aux_layer_ids"]):
         rep.add(
             "expect.aux_layer_ids",

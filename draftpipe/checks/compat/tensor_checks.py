@@ -14,7 +14,126 @@ def _normalise(name: str) -> str:
     return name.replace("midlayer.", "layers.0.", 1) if name.startswith("midlayer.") else name
 
 
+def _refused_name(rep: Report, raw: str, name: str, shapes: dict[str, list[int]]) -> bool:
+    """Report a tensor vLLM's loader would not load as a draft weight (its name prefixed, a verifier tensor, an
+    undeclared bias, a P-EAGLE or vocab-map tensor it ignores or refuses, an unknown name); True when it is left out
+    of the shape checks."""
+    if name.startswith("model."):
+        rep.add(
+            "names.model_prefix",
+            "error",
+            raw,
+            "vLLM prefixes names with model., so this becomes model.model.* and fails to load",
+            expected=name[len("model.") :],
+            found=raw,
+            fix="save names without 'model.'",
+        )
+        return True
+    if name.startswith("verifier_"):
+        rep.add(
+            "names.verifier_tensor",
+            "error",
+            raw,
+            "verifier tensors must not be saved in the draft (unknown names fail to load)",
+            expected=None,
+            found=raw,
+            fix="drop verifier_* tensors before saving",
+        )
+        return True
+    if name.endswith(".bias") and name not in shapes:
+        rep.add(
+            "names.bias_without_flag",
+            "warning",
+            raw,
+            "vLLM silently ignores a bias the config does not declare, so the draft runs without it",
+            expected="attention_bias/mlp_bias: true, or no bias",
+            found=raw,
+            fix="set attention_bias (or mlp_bias) in the config, or drop the tensor",
+        )
+        return True
+    if name == "mask_hidden":
+        rep.add("names.mask_hidden", "info", raw, "P-EAGLE tensor; ignored unless parallel drafting")
+        return True
+    if name == "t2d" and "t2d" not in shapes:
+        rep.add("names.t2d_without_mapping", "info", raw, "t2d is ignored by vLLM")
+        return True
+    if name == "d2t" and "d2t" not in shapes:
+        rep.add(
+            "vocab.d2t_forbidden",
+            "error",
+            raw,
+            "draft_vocab_size equals the verifier vocabulary, so vLLM "
+            "has no d2t parameter and raises at load (ref §7 a)",
+            expected="no d2t",
+            found="d2t",
+            fix="drop d2t/t2d, or set draft_vocab_size to the mapped size",
+        )
+        return True
+    if name not in shapes:
+        rep.add(
+            "names.unknown",
+            "error",
+            raw,
+            "vLLM raises ValueError for an unknown tensor name",
+            expected=None,
+            found=raw,
+            fix="remove it or fix its name",
+        )
+        return True
+    return False
+
+
+def _missing_tensor(rep: Report, name: str, shapes: dict[str, list[int]], e: dict) -> None:
+    """Report a weight the draft needs and does not have (vLLM leaves a missing weight uninitialised, or shares the
+    verifier's where it must not)."""
+    if name == "d2t":
+        rep.add(
+            "vocab.d2t_missing",
+            "error",
+            "d2t",
+            "draft vocab differs from the verifier's but there is no "
+            "d2t: vLLM keeps zeros and maps draft id i to target id i, so acceptance collapses silently "
+            "(Automodel PR #2447)",
+            expected=[e["draft_vocab_size"]],
+            found=None,
+            fix="save d2t (int64 offsets)",
+        )
+    elif name == "lm_head.weight":
+        rep.add(
+            "names.lm_head_missing",
+            "error",
+            name,
+            "without its own lm_head the draft shares the "
+            "verifier's, which is wrong when the vocabularies or hidden sizes differ (SGLang #27908)",
+            expected=shapes[name],
+            found=None,
+            fix="save the draft's lm_head",
+        )
+    elif name == "embed_tokens.weight":
+        rep.add(
+            "hidden.embed_missing",
+            "error",
+            name,
+            "draft hidden size differs from the verifier's, so it cannot share the verifier's embedding (vLLM #18906)",
+            expected=shapes[name],
+            found=None,
+            fix="save the draft's own embed_tokens",
+        )
+    else:
+        rep.add(
+            "names.missing",
+            "error",
+            name,
+            "vLLM does not fail on a missing weight: it stays uninitialised (ref §1.4)",
+            expected=shapes[name],
+            found=None,
+            fix="save this tensor",
+        )
+
+
 def check_names(rep: Report, tensors: dict[str, dict], e: dict) -> dict[str, dict]:
+    """The draft's tensor names against those vLLM's EAGLE-3 model maps (:func:`expected_shapes` of the effective
+    config ``e``); returns the tensors it loads, by normalised name."""
     shapes, required = expected_shapes(e)
     names: dict[str, dict] = {}
     if any(n.startswith("midlayer.") for n in tensors):
@@ -27,114 +146,10 @@ def check_names(rep: Report, tensors: dict[str, dict], e: dict) -> dict[str, dic
         )
     for raw, info in tensors.items():
         name = _normalise(raw)
-        if name.startswith("model."):
-            rep.add(
-                "names.model_prefix",
-                "error",
-                raw,
-                "vLLM prefixes names with model., so this becomes model.model.* and fails to load",
-                expected=name[len("model.") :],
-                found=raw,
-                fix="save names without 'model.'",
-            )
-            continue
-        if name.startswith("verifier_"):
-            rep.add(
-                "names.verifier_tensor",
-                "error",
-                raw,
-                "verifier tensors must not be saved in the draft (unknown names fail to load)",
-                expected=None,
-                found=raw,
-                fix="drop verifier_* tensors before saving",
-            )
-            continue
-        if name.endswith(".bias") and name not in shapes:
-            rep.add(
-                "names.bias_without_flag",
-                "warning",
-                raw,
-                "vLLM silently ignores a bias the config does not declare, so the draft runs without it",
-                expected="attention_bias/mlp_bias: true, or no bias",
-                found=raw,
-                fix="set attention_bias (or mlp_bias) in the config, or drop the tensor",
-            )
-            continue
-        if name == "mask_hidden":
-            rep.add("names.mask_hidden", "info", raw, "P-EAGLE tensor; ignored unless parallel drafting")
-            continue
-        if name == "t2d" and "t2d" not in shapes:
-            rep.add("names.t2d_without_mapping", "info", raw, "t2d is ignored by vLLM")
-            continue
-        if name == "d2t" and "d2t" not in shapes:
-            rep.add(
-                "vocab.d2t_forbidden",
-                "error",
-                raw,
-                "draft_vocab_size equals the verifier vocabulary, so vLLM "
-                "has no d2t parameter and raises at load (ref §7 a)",
-                expected="no d2t",
-                found="d2t",
-                fix="drop d2t/t2d, or set draft_vocab_size to the mapped size",
-            )
-            continue
-        if name not in shapes:
-            rep.add(
-                "names.unknown",
-                "error",
-                raw,
-                "vLLM raises ValueError for an unknown tensor name",
-                expected=None,
-                found=raw,
-                fix="remove it or fix its name",
-            )
-            continue
-        names[name] = info
+        if not _refused_name(rep, raw, name, shapes):
+            names[name] = info
     for name in sorted(required - set(names)):
-        if name == "d2t":
-            rep.add(
-                "vocab.d2t_missing",
-                "error",
-                "d2t",
-                "draft vocab differs from the verifier's but there is no "
-                "d2t: vLLM keeps zeros and maps draft id i to target id i, so acceptance collapses silently "
-                "(Automodel PR #2447)",
-                expected=[e["draft_vocab_size"]],
-                found=None,
-                fix="save d2t (int64 offsets)",
-            )
-        elif name == "lm_head.weight":
-            rep.add(
-                "names.lm_head_missing",
-                "error",
-                name,
-                "without its own lm_head the draft shares the "
-                "verifier's, which is wrong when the vocabularies or hidden sizes differ (SGLang #27908)",
-                expected=shapes[name],
-                found=None,
-                fix="save the draft's lm_head",
-            )
-        elif name == "embed_tokens.weight":
-            rep.add(
-                "hidden.embed_missing",
-                "error",
-                name,
-                "draft hidden size differs from the verifier's, so it "
-                "cannot share the verifier's embedding (vLLM #18906)",
-                expected=shapes[name],
-                found=None,
-                fix="save the draft's own embed_tokens",
-            )
-        else:
-            rep.add(
-                "names.missing",
-                "error",
-                name,
-                "vLLM does not fail on a missing weight: it stays uninitialised (ref §1.4)",
-                expected=shapes[name],
-                found=None,
-                fix="save this tensor",
-            )
+        _missing_tensor(rep, name, shapes, e)
     return names
 
 
@@ -173,6 +188,8 @@ def check_shapes(rep: Report, names: dict[str, dict], e: dict) -> None:
 
 
 def check_vocab(rep: Report, names: dict[str, dict], e: dict) -> None:
+    """The vocab maps: ``vocab_size`` equal to the verifier's, ``d2t`` integer offsets onto sorted verifier ids (read
+    from the file), ``t2d`` marking the same ids (:func:`_check_t2d`)."""
     V, Vd, Vt = e["vocab_size"], e["draft_vocab_size"], e["verifier_vocab_size"]
     if Vt is not None and V != Vt:
         rep.add(
@@ -237,32 +254,38 @@ def check_vocab(rep: Report, names: dict[str, dict], e: dict) -> None:
             found="not increasing",
             fix="d2t[i] = sorted_ids[i] - i",
         )
-    if t2d is not None and list(t2d["shape"]) == [V]:
-        try:
-            mask = read_small_tensor(t2d).astype(bool)
-        except CompatError as exc:
-            rep.add("vocab.t2d_unreadable", "error", "t2d", str(exc), fix="save t2d again")
-            return
-        if int(mask.sum()) != Vd:
-            rep.add(
-                "vocab.t2d_count",
-                "error",
-                "t2d",
-                "t2d must mark exactly draft_vocab_size ids",
-                expected=Vd,
-                found=int(mask.sum()),
-                fix="rebuild t2d from d2t",
-            )
-        elif not np.array_equal(np.nonzero(mask)[0], target):
-            rep.add(
-                "vocab.t2d_mismatch",
-                "warning",
-                "t2d",
-                "t2d and d2t disagree (vLLM ignores t2d; SGLang reads it)",
-                expected="nonzero(t2d) == arange(Vd) + d2t",
-                found="different ids",
-                fix="rebuild t2d from d2t",
-            )
+    _check_t2d(rep, t2d, target, V, Vd)
+
+
+def _check_t2d(rep: Report, t2d: dict | None, target: np.ndarray, V: int, Vd: int) -> None:
+    """``t2d`` (a ``[V]`` mask) marks exactly the verifier ids of ``d2t`` (``target``: ``arange(Vd) + d2t``)."""
+    if t2d is None or list(t2d["shape"]) != [V]:
+        return
+    try:
+        mask = read_small_tensor(t2d).astype(bool)
+    except CompatError as exc:
+        rep.add("vocab.t2d_unreadable", "error", "t2d", str(exc), fix="save t2d again")
+        return
+    if int(mask.sum()) != Vd:
+        rep.add(
+            "vocab.t2d_count",
+            "error",
+            "t2d",
+            "t2d must mark exactly draft_vocab_size ids",
+            expected=Vd,
+            found=int(mask.sum()),
+            fix="rebuild t2d from d2t",
+        )
+    elif not np.array_equal(np.nonzero(mask)[0], target):
+        rep.add(
+            "vocab.t2d_mismatch",
+            "warning",
+            "t2d",
+            "t2d and d2t disagree (vLLM ignores t2d; SGLang reads it)",
+            expected="nonzero(t2d) == arange(Vd) + d2t",
+            found="different ids",
+            fix="rebuild t2d from d2t",
+        )
 
 
 def check_hidden(rep: Report, names: dict[str, dict], e: dict) -> None:

@@ -203,9 +203,9 @@ def next_request(b: Branch, tokenizer: Any, kw: dict, settings: CompletionSettin
     return ids, text
 
 
-def add_answer(b: Branch, ids: list[int], text: str, comp: Any, seed: int, tokenizer: Any, reasoning: str) -> None:
+def add_answer(b: Branch, ids: list[int], text: str, comp: Any, seed: int, tokenizer: Any, reasoning: str) -> Branch:
     """Put one generated answer (a vLLM ``CompletionOutput``) into ``b``: its message in the history, its index
-    among the trained answers, and the turn's record."""
+    among the trained answers, and the turn's record; returns ``b``."""
     msg, info = answer_message(comp.text, text, reasoning)
     b.trained.append(len(b.history))
     b.history.append(msg)
@@ -222,6 +222,7 @@ def add_answer(b: Branch, ids: list[int], text: str, comp: Any, seed: int, token
             "thinking_cut": info["thinking_cut"],
         }
     )
+    return b
 
 
 def complete_conversations(
@@ -247,8 +248,7 @@ def complete_conversations(
             (:func:`generation_points`); ``reasoning`` is ``keep``, ``strip`` or ``off`` (:func:`answer_message`,
             :func:`draftpipe.formats.chat.template_kwargs`): with ``off`` a row whose answers still hold a non-empty
             thinking span is dropped (SpecForge's rule) and counted.
-        progress: as in :func:`draftpipe.stages.completions.generate.complete`; each round's lines name its turn
-            (``<progress> turn 2``).
+        progress: as in :func:`~draftpipe.stages.completions.generate.complete`, each round's lines naming its turn.
 
     Returns:
         ``(rows, stats)``: one row per sample (or, for a template that rewrites earlier turns, per answer: see
@@ -293,13 +293,12 @@ def complete_conversations(
         ]
         bar = vllm_progress(f"{progress} turn {rnd + 1}", scale=max(p.n for p in params)) if progress else False
         outputs = llm.generate([{"prompt_token_ids": ids} for _, ids, _ in batch], sampling_params=params, use_tqdm=bar)
-        grown = []
-        for (b, ids, text), sp, out in zip(batch, params, outputs):
-            for j, comp in enumerate(out.outputs):
-                nb = b if b.sample is not None else b.fork(j)
-                add_answer(nb, ids, text, comp, sp.seed, tokenizer, s.reasoning)
-                stats["turns_generated"] += 1
-                grown.append(nb)
+        grown = [
+            add_answer(b if b.sample is not None else b.fork(j), ids, text, comp, sp.seed, tokenizer, s.reasoning)
+            for (b, ids, text), sp, out in zip(batch, params, outputs)
+            for j, comp in enumerate(out.outputs)
+        ]
+        stats["turns_generated"] += len(grown)
         if rnd == 0:  # the first round forks every conversation into its samples; the rest were not sent
             sent = {id(b) for b, _, _ in batch}
             stats["dropped_too_long"] += sum(1 for b in branches if id(b) not in sent)
