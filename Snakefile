@@ -44,12 +44,12 @@ include: "rules/bench.smk"
 rule all:
     default_target: True
     input:
-        "results/prompts/stats.json",
-        "results/completions/stats.json",
-        "results/draft/model.safetensors",
-        "results/draft/config.json",
-        "results/report/compat.json",
-        "results/bench/report.md",
+        rules.prompt_set.output.stats,
+        rules.completion_stats.output.stats,
+        rules.draft.output.model,
+        rules.draft.output.config,
+        rules.compat_report.output.json,
+        rules.bench_report.output.report,
 
 
 onstart:

@@ -3,10 +3,10 @@
 # reruns the measurement.
 rule bench_run:
     input:
-        model="results/draft/model.safetensors",
-        config="results/draft/config.json",
-        metrics="results/draft/metrics.csv",
-        compat="results/report/compat.json",
+        model=rules.draft.output.model,
+        config=rules.draft.output.config,
+        metrics=rules.draft.output.metrics,
+        compat=rules.compat_report.output.json,
         eval="results/prompts/eval.jsonl",
         sets=[s["path"] for s in config["bench"]["prompt_sets"]],
         verifier=verifier_files,
@@ -33,6 +33,7 @@ rule bench_run:
         dtype=config["verifier"]["dtype"],
         rendering=RENDERING,
         too_long=config["completions"]["too_long"],  # the length policy of every stage that prompts the verifier
+        untracked=job_settings("bench_run", config),  # shapes nothing: draftpipe/workflow/settings.py
     log:
         "results/logs/bench_run.log",
     benchmark:
@@ -48,8 +49,8 @@ rule bench_run:
 
 rule bench_report:
     input:
-        summary="results/bench/summary.json",
-        metrics="results/draft/metrics.csv",
+        summary=rules.bench_run.output.summary,
+        metrics=rules.draft.output.metrics,
     output:
         # report(): what `snakemake --report report.html` shows (with the prompt and completion stats, the
         # training metrics and the compatibility report)
@@ -59,6 +60,7 @@ rule bench_report:
         training=report("results/bench/training_curves.png", category="Training"),
     params:
         style=canon({**config["bench"]["report"], "title": report_title(config, VERIFIER)}),
+        untracked=job_settings("bench_report", config),  # the acceptance gate shapes nothing
     log:
         "results/logs/bench_report.log",
     threads: 1

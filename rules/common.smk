@@ -5,41 +5,28 @@ import os
 import sys
 from pathlib import Path
 
-from draftpipe.workflow.plan import DiskSpaceError, check_disk, format_plan, plan
-from draftpipe.formats.chat import template_kwargs, template_sha256
-from draftpipe.workflow.fingerprint import NoTrainingPromptsError, prompt_fingerprints
-from draftpipe.formats.hidden_states import check_shards_cached
-from draftpipe.core.layout import SHARD_HEADER_CACHE, STORE, shard_ids
-from draftpipe.formats.provenance import quarantine
 from draftpipe.core.gpus import slurm_resources
+from draftpipe.core.layout import STORE, shard_ids
+from draftpipe.formats.chat import template_file_hash
+from draftpipe.formats.verifier import VerifierNotFoundError
 from draftpipe.runtime.store import code_digest, stored_already
 from draftpipe.workflow.config import ConfigError, check_config, report_title, verifier_identity
-from draftpipe.formats.verifier import VerifierNotFoundError, load_verifier_config, resolve_verifier
+from draftpipe.workflow.fingerprint import NoTrainingPromptsError, prompt_fingerprints
+from draftpipe.workflow.parse import configured_verifier, live_check, print_plan, quarantine_corrupt_shards
+from draftpipe.workflow.parse import rendering, verifier_dir
+from draftpipe.workflow.plan import DiskSpaceError, check_disk
+from draftpipe.workflow.settings import job_settings
 
 try:
-    _config_json = config["verifier"].get("config_json")
-    if _config_json and not os.path.exists(config["verifier"]["path"]):
-        # Plan against a checked-in config.json; the weights are fetched where the jobs run.
-        if not os.path.isfile(_config_json):
-            raise ConfigError(f"verifier.config_json: {_config_json} does not exist")
-        VERIFIER = {"kind": "hub", "id": config["verifier"]["path"], "config_path": _config_json}
-    else:
-        VERIFIER = resolve_verifier(
-            config["verifier"]["path"], field="verifier.path", revision=config["verifier"]["revision"]
-        )
+    VERIFIER = configured_verifier(config)
     DERIVED = check_config(config, VERIFIER)
     # verifier.chat_template_file (checked above): its content is a param of the stages that render conversations
-    CHAT_TEMPLATE_SHA = template_sha256(config["verifier"]["chat_template_file"])
+    CHAT_TEMPLATE_SHA = template_file_hash(config["verifier"]["chat_template_file"])
 except (ConfigError, VerifierNotFoundError) as exc:
     sys.exit(f"config error: {exc}")
 
 # Where the rules read the verifier from: the converted directory for a GGUF, else the user's dir or hub id.
-if VERIFIER["kind"] == "gguf":
-    VERIFIER_DIR = "results/verifier"
-elif VERIFIER["kind"] == "local":
-    VERIFIER_DIR = str(VERIFIER["path"])
-else:
-    VERIFIER_DIR = VERIFIER["id"]
+VERIFIER_DIR = verifier_dir(VERIFIER)
 
 
 # The conda environment of every rule, for `--sdm conda` (envs/cpu.yaml or, with DRAFTPIPE_ENV=gpu, envs/gpu.yaml:
@@ -56,16 +43,10 @@ def canon(obj):
 VERIFIER_ID = canon(verifier_identity(VERIFIER, config, gguf=DERIVED.get("gguf")))
 
 # How the stages that prompt the verifier with eval or benchmark prompts render them (a param of those rules).
-RENDERING = canon({"chat_template_sha256": CHAT_TEMPLATE_SHA, "system_prompt": config["prompts"]["system_prompt"],
-                   "template_kwargs": template_kwargs(config["completions"]["reasoning"])})
+RENDERING = canon(rendering(config, CHAT_TEMPLATE_SHA))
 
 # The live vLLM check of the compatibility report: on by default where vLLM is installed.
-_live = config["report"]["live_check"]
-if _live == "auto":
-    import importlib.util
-
-    _live = importlib.util.find_spec("vllm") is not None
-LIVE_CHECK = bool(_live)
+LIVE_CHECK = live_check(config)
 
 SHARDS = shard_ids(config["prompts"]["num_shards"])
 
@@ -156,23 +137,9 @@ def stage_resources(stage):
 
 
 if workflow.is_main_process:
-    # A truncated or corrupt hidden-state shard (a disk error, a copy cut short) is moved aside before Snakemake
-    # plans, so that it is rebuilt instead of trained on. Shards that passed are remembered by size/mtime/inode.
-    _bad = check_shards_cached(hidden_shards(), SHARD_HEADER_CACHE)
-    if _bad:
-        for _src, _dst in quarantine(list(_bad), "results"):
-            if _src.name.endswith(".safetensors"):
-                print(f"draftpipe: {_src} is corrupt ({_bad[str(_src)]}); moved to {_dst}; it is rebuilt when a job "
-                      f"reads it (now: snakemake {_src})", file=sys.stderr)
-
-    if VERIFIER["kind"] == "gguf":
-        _verifier_config = None
-    elif VERIFIER.get("config_path"):
-        _verifier_config = load_verifier_config(VERIFIER["config_path"])
-    else:
-        _verifier_config = load_verifier_config(VERIFIER["path"])
-    PLAN = plan(config, {**DERIVED, "hidden_size": DERIVED["hidden_size"]}, _verifier_config, prompts_fp())
-    print(format_plan(PLAN), file=sys.stderr)
+    # a corrupt hidden-state shard is moved aside before Snakemake plans, so that it is rebuilt, not trained on
+    quarantine_corrupt_shards(hidden_shards())
+    PLAN = print_plan(config, VERIFIER, DERIVED, prompts_fp())
 
 
 def check_disk_before_start():

@@ -11,13 +11,14 @@ rule completions:
         num_shards=len(SHARDS),
         verifier=VERIFIER_DIR,
         verifier_id=VERIFIER_ID,
-        # the quality gate max_truncated_fraction is read from the config: it never changes the artifact
+        # the quality gate max_truncated_fraction shapes nothing: it is untracked
         sampling=canon({k: v for k, v in config["completions"].items() if k != "max_truncated_fraction"}),
         max_model_len=config["verifier"]["max_model_len"],
         chat_template=config["verifier"]["chat_template"],
         chat_template_sha256=CHAT_TEMPLATE_SHA,  # of verifier.chat_template_file (a verifier directory's own
         # template is part of verifier_id)
         dtype=config["verifier"]["dtype"],
+        untracked=job_settings("completions", config),  # shapes nothing: draftpipe/workflow/settings.py
     log:
         "results/logs/completions/train_{shard}.log",
     benchmark:

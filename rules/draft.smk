@@ -2,7 +2,7 @@
 rule draft:
     input:
         shards=hidden_shards,
-        vocab="results/vocab/vocab_maps.safetensors",
+        vocab=rules.vocab_maps.output.maps,
         verifier=verifier_files,
     output:
         model="results/draft/model.safetensors",
@@ -11,9 +11,9 @@ rule draft:
     params:
         verifier=VERIFIER_DIR,
         verifier_id=VERIFIER_ID,
-        aux_layer_ids=DERIVED["aux_layer_ids"],
-        # the quality gate min_train_samples is read from the config: it never changes the artifact
+        # the quality gate min_train_samples shapes nothing: it is untracked
         draft=canon({k: v for k, v in config["draft"].items() if k != "min_train_samples"}),
+        untracked=job_settings("draft", config),  # shapes nothing: draftpipe/workflow/settings.py
     log:
         "results/logs/draft.log",
     benchmark:

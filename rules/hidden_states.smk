@@ -16,8 +16,9 @@ rule hidden_states:
         num_layers=DERIVED["num_hidden_layers"],
         hidden_size=DERIVED["hidden_size"],
         dtype=config["hidden_states"]["dtype"],
-        max_len=config["verifier"]["max_model_len"],  # (the gate max_empty_mask_fraction is read from the config)
+        max_len=config["verifier"]["max_model_len"],
         model_dtype=config["verifier"]["dtype"],
+        untracked=job_settings("hidden_states", config),  # shapes nothing: draftpipe/workflow/settings.py
     log:
         "results/logs/hidden_states/train_{shard}.log",
     benchmark:

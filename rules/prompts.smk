@@ -10,6 +10,7 @@ rule prompt_shard:
         eval_fraction=config["prompts"]["eval_fraction"],
         split_seed=config["prompts"]["split_seed"],
         num_shards=config["prompts"]["num_shards"],
+        untracked=job_settings("prompt_shard", config),  # the sources and system prompt (the fingerprint tracks them)
     log:
         "results/logs/prompts/{part}.log",
     benchmark:

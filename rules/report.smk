@@ -1,8 +1,8 @@
 # Compatibility report: prove the draft fits vLLM's EAGLE-3 loader before anyone serves or benchmarks it.
 rule compat_report:
     input:
-        model="results/draft/model.safetensors",
-        config="results/draft/config.json",
+        model=rules.draft.output.model,
+        config=rules.draft.output.config,
         prompts="results/prompts/eval.jsonl",
         verifier=verifier_files,
     output:
@@ -26,6 +26,7 @@ rule compat_report:
         too_long=config["completions"]["too_long"],  # the length policy of every stage that prompts the verifier
         max_model_len=config["verifier"]["max_model_len"],
         dtype=config["verifier"]["dtype"],
+        untracked=job_settings("compat_report", config),  # shapes nothing: draftpipe/workflow/settings.py
     log:
         "results/logs/compat_report.log",
     benchmark:

@@ -12,11 +12,13 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
     from draftpipe.bench.benchmark import plot, plot_training, render_report
     from draftpipe.core.gates import check_acceptance
     from draftpipe.core.io import write_text
+    from draftpipe.workflow.settings import BenchReportJob, read_job_settings
 
     style = snakemake.params.style
     summary = json.loads(Path(snakemake.input.summary).read_text())
-    # the quality gate reads the measurement, which stays when it fails (the threshold is not a param of bench_run)
-    check_acceptance(summary, snakemake.config["bench"]["min_acceptance_length"], snakemake.input.summary)
+    # the quality gate reads the measurement, which stays when it fails (the threshold is untracked: changing it reruns nothing)
+    gate = read_job_settings(BenchReportJob, snakemake.params.untracked)
+    check_acceptance(summary, gate.min_acceptance_length, snakemake.input.summary)
     out = snakemake.output
     plot(summary, out.per_position, out.vs_k, dpi=style["dpi"], title=style["title"])
     plot_training(snakemake.input.metrics, out.training, dpi=style["dpi"], title=style["title"])

@@ -18,12 +18,13 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         from draftpipe.formats.prompts import load_prompts
         from draftpipe.inference.engine import speculative_dtype
         from draftpipe.inference.prompting import encode_and_fit
+        from draftpipe.workflow.settings import BenchRunJob, read_job_settings
 
         p = snakemake.params
         s = p.settings
+        job_s = read_job_settings(BenchRunJob, p.untracked)
         tok = verifier_tokenizer(
-            p.verifier,
-            planned_template(snakemake.config["verifier"]["chat_template_file"], p.rendering["chat_template_sha256"]),
+            p.verifier, planned_template(job_s.chat_template_file, p.rendering["chat_template_sha256"])
         )
 
         def encode(records, name):

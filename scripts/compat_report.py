@@ -40,12 +40,11 @@ if __name__ == "__main__":
         elif p.live and rep.ok:
             from draftpipe.formats.chat import planned_template, verifier_tokenizer
             from draftpipe.inference.prompting import encode_and_fit
+            from draftpipe.workflow.settings import ReportJob, read_job_settings
 
+            job_s = read_job_settings(ReportJob, p.untracked)
             tok = verifier_tokenizer(
-                p.verifier,
-                planned_template(
-                    snakemake.config["verifier"]["chat_template_file"], p.rendering["chat_template_sha256"]
-                ),
+                p.verifier, planned_template(job_s.chat_template_file, p.rendering["chat_template_sha256"])
             )
             records = read_jsonl(snakemake.input.prompts)[: p.live_prompts]
             # completions.too_long, as for the completions: a prompt without room for the check's tokens
@@ -61,7 +60,7 @@ if __name__ == "__main__":
             print(f"live check: {counts}")
             ids = [i for _, i in fitted]
             if not ids:
-                skip_live_without_prompts(rep, len(records), snakemake.config["prompts"]["eval_fraction"])
+                skip_live_without_prompts(rep, len(records), job_s.eval_fraction)
             else:
                 add_live_findings(
                     rep,

@@ -22,9 +22,11 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         from draftpipe.inference.engine import open_engine
         from draftpipe.runtime.store import code_digest, run_stage, stage_settings, stage_tasks
         from draftpipe.stages.completions.settings import CompletionSettings
+        from draftpipe.workflow.settings import CompletionsJob, read_job_settings
 
         p = snakemake.params
-        template_file = planned_template(snakemake.config["verifier"]["chat_template_file"], p.chat_template_sha256)
+        job_s = read_job_settings(CompletionsJob, p.untracked)
+        template_file = planned_template(job_s.chat_template_file, p.chat_template_sha256)
         settings = CompletionSettings.from_params(p.sampling, p.max_model_len, p.chat_template, template_file)
 
         def compute(tasks):
@@ -60,8 +62,8 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
             stage_settings(snakemake),
             code_digest([Path(snakemake.scriptdir) / "completions.py"]),
             compute,
-            share=snakemake.config["resources"]["completions"]["share_engine"],
+            share=job_s.share_engine,
             check=check_jsonl,
         )
         # the quality gate runs on the stored shard: failing it loses nothing (see draftpipe/core/gates.py)
-        check_truncated(read_jsonl(own.output), snakemake.config["completions"]["max_truncated_fraction"], own.output)
+        check_truncated(read_jsonl(own.output), job_s.max_truncated_fraction, own.output)

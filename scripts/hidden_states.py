@@ -24,8 +24,10 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         from draftpipe.core.layout import store_dir
         from draftpipe.formats.chat import common_template, row_templates
         from draftpipe.runtime.store import code_digest, run_stage, stage_settings, stage_tasks
+        from draftpipe.workflow.settings import HiddenStatesJob, read_job_settings
 
         p = snakemake.params
+        job_s = read_job_settings(HiddenStatesJob, p.untracked)
         store = store_dir(snakemake.output[0], "hidden_states")
 
         def compute(tasks):
@@ -51,7 +53,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
                         max_len=p.max_len,
                         dtype=dtype,
                         request_dir=requests,
-                        batch_tokens=snakemake.config["resources"]["hidden_states"]["batch_tokens"],
+                        batch_tokens=job_s.batch_tokens,
                         progress=f"hidden_states shard {task.shard}",
                     )
                     hs.write_shard(
@@ -82,10 +84,8 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
             stage_settings(snakemake),
             code,
             compute,
-            share=snakemake.config["resources"]["hidden_states"]["share_engine"],
+            share=job_s.share_engine,
             check=hs.check_shard_header,
         )
         # the quality gate runs on the stored shard: failing it loses nothing (see draftpipe/core/gates.py)
-        check_empty_masks(
-            hs.loss_mask_sums(own.output), snakemake.config["hidden_states"]["max_empty_mask_fraction"], own.output
-        )
+        check_empty_masks(hs.loss_mask_sums(own.output), job_s.max_empty_mask_fraction, own.output)

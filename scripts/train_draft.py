@@ -10,26 +10,27 @@ from draftpipe.runtime.job import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
     from draftpipe.core.gates import check_train_samples  # noqa: E402
-    from draftpipe.core.gpus import draft_ranks  # noqa: E402
     from draftpipe.core.io import atomic_path  # noqa: E402
     from draftpipe.core.layout import DIGEST_CACHE, SHARD_VALUE_CACHE, SOURCE_ROOT, results_dir_of, store_dir  # noqa: E402
     from draftpipe.core.progress import console  # noqa: E402
-    from draftpipe.formats.hidden_states import loss_mask_sums  # noqa: E402
+    from draftpipe.formats.hidden_states import loss_mask_sums, read_shard_metadata, shards_aux_layer_ids  # noqa: E402
     from draftpipe.runtime.integrity import require_sound_shards  # noqa: E402
     from draftpipe.runtime.store import code_digest, content_key, run_stored, stage_settings  # noqa: E402
     from draftpipe.stages.draft.export import export_draft  # noqa: E402
     from draftpipe.stages.draft.metrics import metrics_frame, training_summary  # noqa: E402
     from draftpipe.stages.draft.settings import settings_from_params  # noqa: E402
     from draftpipe.stages.draft.training import train_draft  # noqa: E402
+    from draftpipe.workflow.settings import DraftJob, read_job_settings  # noqa: E402
 
     p = snakemake.params
     # never train on a damaged shard: it is quarantined (with its store entry) and the job fails naming it
     require_sound_shards(list(snakemake.input.shards), results_dir_of(snakemake.output.model), SHARD_VALUE_CACHE)
     settings = settings_from_params(dict(p.draft))
+    job_s = read_job_settings(DraftJob, p.untracked)
     # an empty training set (no usable prompt, every answer dropped) stops here, not after exporting random weights
     check_train_samples(
         [n for shard in snakemake.input.shards for n in loss_mask_sums(shard)],
-        snakemake.config["draft"]["min_train_samples"],
+        job_s.min_train_samples,
         list(snakemake.input.shards),
     )
     # What the job tracks (inputs by content, params, script) and draftpipe's own code key both the finished draft in
@@ -43,7 +44,6 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
         DIGEST_CACHE,
     )
     work = Path(snakemake.output.model).parent / ".train" / stored[:16]
-    res = snakemake.config["resources"]["draft"]  # not params: they shape nothing
     outputs = [snakemake.output.model, snakemake.output.config, snakemake.output.metrics]
 
     def build(paths):
@@ -54,11 +54,11 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
             snakemake.input.vocab,
             str(work),
             settings,
-            checkpoints_per_epoch=res["checkpoints_per_epoch"],
-            ranks=draft_ranks(res),
+            checkpoints_per_epoch=job_s.checkpoints_per_epoch,
+            ranks=job_s.ranks,
             threads=snakemake.threads,
-            fsdp=res["fsdp"],
-            nodes=res["nodes"],
+            fsdp=job_s.fsdp,
+            nodes=job_s.nodes,
         )
         with atomic_path(metrics) as tmp:
             metrics_frame(rows).to_csv(tmp, index=False)
@@ -66,7 +66,9 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
             checkpoint,
             model,
             config,
-            list(p.aux_layer_ids),
+            # the ids the shards were extracted at, which the draft was trained on (hidden_states.aux_layer_ids
+            # planned them: the shards' metadata and the export agree by construction)
+            shards_aux_layer_ids([(s, read_shard_metadata(s)) for s in snakemake.input.shards]),
             str(Path(p.verifier).resolve()) if Path(p.verifier).exists() else p.verifier,
         )
         print(metrics_frame(rows).to_string())

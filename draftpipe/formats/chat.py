@@ -222,7 +222,7 @@ def template_text(spec: str | None, field: str = "verifier.chat_template_file") 
     return path.read_text(encoding="utf-8")
 
 
-def template_sha256(spec: str | None) -> str | None:
+def template_file_hash(spec: str | None) -> str | None:
     """:func:`template_hash` of :func:`template_text`, or None."""
     return template_hash(template_text(spec))
 
@@ -234,7 +234,7 @@ def planned_template(spec: str | None, sha256: str | None) -> str | None:
     Raises:
         RuntimeError: the file changed after the workflow was parsed.
     """
-    if template_sha256(spec) != sha256:
+    if template_file_hash(spec) != sha256:
         raise RuntimeError(
             f"verifier.chat_template_file: {spec} changed after the workflow was planned; run snakemake again"
         )

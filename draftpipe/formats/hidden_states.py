@@ -76,14 +76,20 @@ class ShardError(ValueError):
     """A hidden-state shard is truncated, corrupt or inconsistent with its metadata; the message names it."""
 
 
+def vllm_default_aux_layer_ids(num_layers: int) -> list[int]:
+    """The aux ids vLLM and speculators fall back to for a verifier of ``num_layers`` layers, ``[2, N//2, N-3]``
+    (``interfaces.get_eagle3_default_aux_hidden_state_layers``), whether or not they are usable."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
 def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """vLLM's and speculators' default aux ids ``[2, N//2, N-3]`` (``interfaces.get_eagle3_default_aux_hidden_state_layers``).
+    """vLLM's and speculators' default aux ids (:func:`vllm_default_aux_layer_ids`) where they are usable.
 
     Raises:
         ValueError: when the defaults are not three distinct ids in ``[1, N-1]`` (e.g. ``N=5`` gives
             ``[2, 2, 2]``): such a shallow verifier needs explicit ``aux_layer_ids``.
     """
-    ids = [2, num_layers // 2, num_layers - 3]
+    ids = vllm_default_aux_layer_ids(num_layers)
     if len(set(ids)) != 3 or min(ids) < 1 or max(ids) > num_layers - 1:
         raise ValueError(
             f"the default aux layer ids [2, N//2, N-3] = {ids} are not valid for a verifier with {num_layers} "
@@ -112,6 +118,23 @@ def resolve_aux_layer_ids(
     if len(set(ids)) != len(ids):
         raise ValueError(f"{field}: ids {ids} repeat; vLLM deduplicates them, so the draft's fc would be too wide")
     return sorted(ids)
+
+
+def shards_aux_layer_ids(metas: list[tuple[str, dict]]) -> list[int]:
+    """The aux layer ids a set of shards was extracted at: the one list every shard's metadata holds
+    (:func:`read_shard_metadata`), which the draft is trained on and its export writes.
+
+    Args:
+        metas: ``(shard path, metadata)`` pairs, at least one.
+
+    Raises:
+        ValueError: a shard's ids differ from the first shard's (naming both shards and both lists).
+    """
+    first, ids = metas[0][0], metas[0][1]["aux_layer_ids"]
+    for path, meta in metas:
+        if meta["aux_layer_ids"] != ids:
+            raise ValueError(f"{path}: aux layer ids {meta['aux_layer_ids']} differ from {first}'s {ids}")
+    return list(ids)
 
 
 def sequence_and_mask(row: dict, max_len: int) -> tuple[list[int], list[int]]:

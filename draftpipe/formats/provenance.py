@@ -34,6 +34,7 @@ import platform
 import shutil
 import socket
 import time
+import types
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
@@ -105,6 +106,8 @@ def jsonable(obj: Any) -> Any:
         return [jsonable(v) for v in obj]
     if isinstance(obj, os.PathLike):
         return os.fspath(obj)
+    if isinstance(obj, types.SimpleNamespace):  # a job's untracked settings (draftpipe.workflow.settings)
+        return jsonable(vars(obj))
     return str(obj)
 
 

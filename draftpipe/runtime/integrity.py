@@ -35,7 +35,7 @@ CORRUPT, STALE, NOTE = "CORRUPT", "STALE", "NOTE"
 
 
 @dataclass(frozen=True)
-class Finding:
+class TreeFinding:
     """One result of :func:`verify_tree`: ``status`` is ``CORRUPT``, ``STALE`` or ``NOTE``; ``path`` the artifact
     (joined onto the results directory as given); ``reason`` one line."""
 
@@ -107,7 +107,7 @@ def _changed_inputs(inputs: list[dict], base: Path, sha: _Hasher) -> list[str]:
 
 def verify_tree(
     results_dir: str | os.PathLike = "results", *, workdir: str | os.PathLike | None = None, check_shards: bool = True
-) -> list[Finding]:
+) -> list[TreeFinding]:
     """Check every artifact of a results tree against its manifest.
 
     For each artifact (every file except manifests, hidden files and directories, ``logs/`` and
@@ -131,14 +131,14 @@ def verify_tree(
     base = Path(workdir) if workdir is not None else results.resolve().parent
     artifacts, manifests = _walk(results)
     sha = _Hasher()
-    findings: list[Finding] = []
+    findings: list[TreeFinding] = []
     for art in artifacts:
         shown = str(art)
         corrupt: list[str] = []
         man = None
         mpath = manifest_path(art)
         if not mpath.exists():
-            findings.append(Finding(NOTE, shown, "no manifest"))
+            findings.append(TreeFinding(NOTE, shown, "no manifest"))
         else:
             try:
                 man = load_json(mpath.read_text(encoding="utf-8"))
@@ -161,14 +161,14 @@ def verify_tree(
             except ShardError as exc:
                 corrupt.append(f"invalid shard: {str(exc).removeprefix(f'{art}: ')}")
         if corrupt:
-            findings.append(Finding(CORRUPT, shown, "; ".join(corrupt)))
+            findings.append(TreeFinding(CORRUPT, shown, "; ".join(corrupt)))
         changed = _changed_inputs(inputs, base, sha) if man is not None else []
         if changed:
-            findings.append(Finding(STALE, shown, "; ".join(changed)))
+            findings.append(TreeFinding(STALE, shown, "; ".join(changed)))
     for mpath in manifests:
         art = Path(str(mpath)[: -len(SUFFIX)])
         if not art.exists():
-            findings.append(Finding(NOTE, str(art), f"manifest {mpath.name} without its artifact"))
+            findings.append(TreeFinding(NOTE, str(art), f"manifest {mpath.name} without its artifact"))
     findings += store_findings(results)
     order = {CORRUPT: 0, STALE: 1, NOTE: 2}
     return sorted(findings, key=lambda f: (f.path, order.get(f.status, 3)))
@@ -190,15 +190,15 @@ def store_entries(results_dir: str | os.PathLike) -> list[Path]:
     return out
 
 
-def store_findings(results_dir: str | os.PathLike) -> list[Finding]:
+def store_findings(results_dir: str | os.PathLike) -> list[TreeFinding]:
     """Every stage-store entry against its digest record (:func:`draftpipe.formats.provenance.digest_problem`, every byte
     hashed): ``CORRUPT`` when it differs, ``NOTE`` when it has no record (stored before records existed)."""
     findings = []
     for entry in store_entries(results_dir):
         if not digest_record_path(entry).exists():
-            findings.append(Finding(NOTE, str(entry), "store entry without a digest record"))
+            findings.append(TreeFinding(NOTE, str(entry), "store entry without a digest record"))
         elif (reason := digest_problem(entry, full=True)) is not None:
-            findings.append(Finding(CORRUPT, str(entry), f"store entry: {reason}"))
+            findings.append(TreeFinding(CORRUPT, str(entry), f"store entry: {reason}"))
     return findings
 
 

@@ -368,11 +368,12 @@ def stage_tasks(smk: Any, input_names: list[str]) -> tuple[ShardTask, list[Shard
 
 
 def stage_settings(smk: Any) -> dict:
-    """The job's params without the stage's shard count: what, with the inputs and code, keys a shard (so a
+    """The job's params without the stage's shard count and its untracked settings
+    (:mod:`draftpipe.workflow.settings`): what, with the inputs and code, keys a shard (so a
     shard's entry survives a change of the count, and the entries of stores written when the params held the
     id list, ``shards``, still match). ``smk`` is the job script's ``snakemake`` object, or a Snakemake ``Job``
     (both have ``params``)."""
-    params = {k: v for k, v in smk.params.items() if k not in ("num_shards", "shards")}
+    params = {k: v for k, v in smk.params.items() if k not in ("num_shards", "shards", "untracked")}
     return jsonable(params)
 
 

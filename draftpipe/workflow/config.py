@@ -429,7 +429,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 #: Where file digests are remembered between parses of the workflow (relative to the working directory).
 
 
-def chat_template_sha256(model_dir: str | Path) -> str | None:
+def model_dir_template_hash(model_dir: str | Path) -> str | None:
     """:func:`draftpipe.formats.chat.template_hash` of a model directory's chat template: ``chat_template.jinja``, else
     ``chat_template.json``'s or ``tokenizer_config.json``'s ``chat_template`` value (a string, or a list of named
     templates). None when the directory has none. transformers reads them in that order."""
@@ -462,7 +462,7 @@ def model_dir_identity(model_dir: str | Path, cache_file: str | Path | None = DI
     )
     return {
         "files": dict(zip(names, cached_sha256s([d / n for n in names], cache_file))),
-        "chat_template_sha256": chat_template_sha256(d),
+        "chat_template_sha256": model_dir_template_hash(d),
     }
 
 

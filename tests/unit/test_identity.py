@@ -13,7 +13,7 @@ import pytest
 
 import draftpipe.core.io as dio
 from draftpipe.core.io import cached_sha256
-from draftpipe.workflow.config import chat_template_sha256, verifier_identity
+from draftpipe.workflow.config import model_dir_template_hash, verifier_identity
 
 
 def _no_reads(monkeypatch):
@@ -92,7 +92,7 @@ def test_local_verifier_identity_follows_content(model_dir, tmp_path):
     assert changed["files"]["tokenizer_config.json"] != base["files"]["tokenizer_config.json"]
 
     (model_dir / "chat_template.jinja").write_text("{{ messages }}")  # takes precedence, as in transformers
-    assert chat_template_sha256(model_dir) == hashlib.sha256(b"{{ messages }}").hexdigest()
+    assert model_dir_template_hash(model_dir) == hashlib.sha256(b"{{ messages }}").hexdigest()
 
     (model_dir / "model-00002-of-00002.safetensors").write_bytes(b"c" * 64)  # fine-tuned: same size, new bytes
     assert (

@@ -28,7 +28,8 @@ from draftpipe.formats.provenance import (
     quarantine,
     write_manifests,
 )
-from draftpipe.runtime.integrity import CORRUPT, NOTE, STALE, Finding, verify_tree
+from draftpipe.runtime.integrity import CORRUPT, NOTE, STALE, verify_tree
+from draftpipe.runtime.integrity import TreeFinding as Finding
 
 VERIFIER_ID = {"gguf_sha256": "ab" * 32, "head_dim": 32, "max_position_embeddings": 512}
 

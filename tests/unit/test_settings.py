@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import yaml
 
 from draftpipe.stages.draft.settings import DraftSettings
@@ -65,3 +66,59 @@ def test_the_loss_names_checked_when_the_workflow_is_read_are_speculators():
     for spec in [*LOSS_FUNCTIONS, '{"ce": 0.1, "tv": 0.9}']:
         check_loss_fn(spec)  # accepted here
         assert utils.resolve_loss_config(spec)  # and by speculators
+
+
+def test_untracked_job_settings_are_typed_and_left_out_of_the_params_trigger():
+    """The knobs that shape nothing reach every job as one typed record, built from the validated config, that
+    Snakemake's params trigger leaves out (it records builtin values only) and the stage stores' keys too."""
+    import types
+
+    from snakemake.persistence import UNREPRESENTABLE, PersistenceBase
+
+    from draftpipe.runtime.store import stage_settings
+    from draftpipe.workflow.settings import (
+        BenchReportJob,
+        CompletionsJob,
+        DraftJob,
+        HiddenStatesJob,
+        PromptShardJob,
+        job_settings,
+        read_job_settings,
+    )
+
+    config = yaml.safe_load((SCHEMA.parents[2] / "config.yaml").read_text(encoding="utf-8"))
+    validate_config(config)
+    config["resources"]["draft"].update(gpus=4, ranks=None, nodes=2)
+    draft = read_job_settings(DraftJob, job_settings("draft", config))
+    assert draft == DraftJob(
+        min_train_samples=config["draft"]["min_train_samples"],
+        ranks=4,  # one per GPU when ranks is not set (draftpipe.core.gpus.draft_ranks)
+        nodes=2,
+        fsdp=config["resources"]["draft"]["fsdp"],
+        checkpoints_per_epoch=config["resources"]["draft"]["checkpoints_per_epoch"],
+    )
+    completions = read_job_settings(CompletionsJob, job_settings("completions", config))
+    assert completions.max_truncated_fraction == config["completions"]["max_truncated_fraction"]
+    assert (
+        read_job_settings(HiddenStatesJob, job_settings("hidden_states", config)).batch_tokens
+        == (config["resources"]["hidden_states"]["batch_tokens"])
+    )
+    assert (
+        read_job_settings(PromptShardJob, job_settings("prompt_shard", config)).sources == config["prompts"]["sources"]
+    )
+    gate = job_settings("bench_report", config)
+    assert read_job_settings(BenchReportJob, gate).min_acceptance_length == config["bench"]["min_acceptance_length"]
+    # what Snakemake records for its params trigger: builtin values only, the namespace left out
+    assert isinstance(gate, types.SimpleNamespace)
+    serialize = PersistenceBase._serialize_param_builtin
+    assert serialize(None, {"a": 1}) == "{'a': 1}" and serialize(None, gate) is UNREPRESENTABLE
+    # and the stage store's key leaves it out
+    job = types.SimpleNamespace(params={"num_shards": 2, "verifier": "v", "untracked": gate})
+    assert stage_settings(job) == {"verifier": "v"}
+    with pytest.raises(TypeError):
+        read_job_settings(DraftJob, gate)  # another rule's settings are refused
+
+
+def test_no_job_script_reads_the_config():
+    scripts = sorted((SCHEMA.parents[2] / "scripts").glob("*.py"))
+    assert scripts and [p.name for p in scripts if "snakemake.config" in p.read_text()] == []

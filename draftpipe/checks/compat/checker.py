@@ -11,6 +11,7 @@ from draftpipe.checks.compat.fields import SHAPE_FIELDS, VERIFIER_FIELDS, typed_
 from draftpipe.checks.compat.reading import load_checkpoint, verifier_text_config
 from draftpipe.checks.compat.report import CompatError, Report
 from draftpipe.checks.compat.tensor_checks import check_hidden, check_names, check_shapes, check_vocab
+from draftpipe.formats.hidden_states import vllm_default_aux_layer_ids
 
 
 def check(draft_dir: str | Path, verifier: str | Path | dict, *, expect: dict | None = None) -> Report:
@@ -279,7 +280,7 @@ def _check_expected(rep: Report, e: dict, expect: dict) -> None:
 
 def _aux_missing(rep: Report, N: int | None) -> None:
     """No aux layer ids: vLLM falls back to its defaults (an error where they repeat on a shallow verifier)."""
-    default = [2, N // 2, N - 3] if N else None
+    default = vllm_default_aux_layer_ids(N) if N else None
     sev = "error" if default and len(set(default)) != 3 else "warning"
     rep.add(
         "aux.missing",

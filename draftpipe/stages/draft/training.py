@@ -35,7 +35,7 @@ import os
 from pathlib import Path
 
 from draftpipe.formats.chat import common_template
-from draftpipe.formats.hidden_states import read_shard_metadata
+from draftpipe.formats.hidden_states import read_shard_metadata, shards_aux_layer_ids
 from draftpipe.formats.vocab import read_maps
 from draftpipe.stages.draft import attention
 from draftpipe.stages.draft.checkpoint import TRAINING_STATE
@@ -183,10 +183,7 @@ def _train_here(
     from torch.utils.data import DataLoader
 
     metas = [read_shard_metadata(p) for p in shards]
-    aux_ids = metas[0]["aux_layer_ids"]
-    for p, m in zip(shards, metas):
-        if m["aux_layer_ids"] != aux_ids:
-            raise ValueError(f"{p}: aux layer ids {m['aux_layer_ids']} differ from {shards[0]}'s {aux_ids}")
+    aux_ids = shards_aux_layer_ids(list(zip(shards, metas)))
     common_template([(p, m.get("chat_template_sha256")) for p, m in zip(shards, metas)])
     d2t, t2d, vd = read_maps(vocab_maps)
     on_gpu = torch.accelerator.current_accelerator() is not None
