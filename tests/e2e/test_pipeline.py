@@ -214,7 +214,7 @@ def changes_one_train_shard(work: Path, lines: list[str], candidates) -> list[st
     """The first candidate source (list of lines) whose prompt set differs from the default in exactly one
     training shard and not in the eval split."""
     base = fingerprints(work / SOURCE)
-    probe = work / "probe.jsonl"
+    probe = variants_dir(work) / "probe.jsonl"
     for cand in candidates:
         probe.write_text("".join(cand), encoding="utf-8")
         fp = fingerprints(probe)

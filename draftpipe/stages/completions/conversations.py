@@ -237,7 +237,7 @@ def complete_conversations(
     of the prompt id, as for a single turn); each sample then goes on as its own conversation, one sample per
     later turn (seed of ``id:sample:turn``). A later turn whose prompt leaves no room for a new token ends the
     conversation there (``too_long: error`` raises instead). The first prompt follows ``too_long`` as in
-    :func:`fit_prompt`, except that ``truncate`` drops it too: a cut conversation has no turn structure left.
+    :func:`draftpipe.inference.prompting.fit_prompt`, except that ``truncate`` drops it too: a cut conversation has no turn structure left.
 
     Args:
         llm: the ``vllm.LLM`` of :func:`draftpipe.inference.engine.open_engine`.
