@@ -21,9 +21,6 @@ from typing import Any, TypeVar
 
 from draftpipe.core.gpus import draft_ranks
 
-#: the name of the param that carries a job's untracked settings
-UNTRACKED = "untracked"
-
 
 @dataclass(frozen=True)
 class PromptShardJob:
