@@ -62,6 +62,7 @@ def _phase(name: str, verifier: str, rows_file: str, aux: list[int]) -> dict:
 
     import draftpipe.stages.extract as ex
     from draftpipe.core.io import read_jsonl
+    from draftpipe.formats.captured import engine_layer_ids
 
     rows = read_jsonl(rows_file)
     # the warm-up pass runs other token sequences (reversed), so the timed pass finds nothing in the prefix cache
@@ -86,7 +87,7 @@ def _phase(name: str, verifier: str, rows_file: str, aux: list[int]) -> dict:
         requests = Path(tempfile.mkdtemp(prefix="draftpipe-bench-"))
         llm = ex.open_extractor(
             verifier,
-            layer_ids=ex.engine_layer_ids(aux, num_layers),
+            layer_ids=engine_layer_ids(aux, num_layers),
             dtype="float32",
             max_len=max_len,
             seed=0,
@@ -97,7 +98,7 @@ def _phase(name: str, verifier: str, rows_file: str, aux: list[int]) -> dict:
         hidden = json.loads((Path(verifier) / "config.json").read_text())
         hidden = hidden.get("text_config", hidden)["hidden_size"]
         # a request file holds float32 states of every captured id and an int64 token id per token
-        result["file_bytes_per_token"] = len(ex.engine_layer_ids(aux, num_layers)) * hidden * 4 + 8
+        result["file_bytes_per_token"] = len(engine_layer_ids(aux, num_layers)) * hidden * 4 + 8
         run = lambda rows: ex.build_samples(
             llm,
             rows,

@@ -14,6 +14,7 @@ moment: compare ratios, measured in the same run, not seconds across machines.
 | ``draft_step`` | tokens/s of a draft training step: the packed TTT attention the ``draft`` rule uses on a CPU against speculators' ``sdpa``; float8 shards' bytes against bfloat16 (``draft_step.py``) |
 | ``hidden_states`` | vLLM extraction tokens/s against the bare prefill and against transformers (``hidden_states.py``) |
 | ``end_to_end`` | the embedded default from a fresh tree, per stage (``end_to_end.py``; full suite only) |
+| ``stream`` | the draft target with hidden states streamed against shards on disk: wall time, peak bytes (``stream_vs_disk.py``; full suite only) |
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ SUITE = {
     "draft_step": (["--steps", "4", "--fp8"], ["--steps", "12", "--fp8"]),
     "hidden_states": (None, ["--rows", "200"]),
     "end_to_end": (None, ["--target", "results/bench/summary.json"]),
+    "stream": (None, []),
 }
 SCRIPTS = {"dry_run": "noop_dryrun.py", "draft_step": "draft_step.py", "hidden_states": "hidden_states.py",
-           "end_to_end": "end_to_end.py"}  # fmt: skip
+           "end_to_end": "end_to_end.py", "stream": "stream_vs_disk.py"}  # fmt: skip
 
 
 def rows_of(name: str, r: dict) -> list[tuple[str, str, str]]:
@@ -74,6 +76,14 @@ def rows_of(name: str, r: dict) -> list[tuple[str, str, str]]:
         out = [(f"embedded default end to end ({r['target']})", f"{r['wall_s']:.0f} s ({stages})", "")]
         out += [(f"  served acceptance length {k}", f"{v:.2f}", "") for k, v in r.get("acceptance_length", {}).items()]
         return out
+    if name == "stream":
+        w, b = r["wall_s"], r["peak_hidden_bytes"]
+        return [
+            ("draft target, hidden states streamed vs on disk: wall time", f"{w['stream']:.0f} s vs {w['disk']:.0f} s",
+             f"{r['wall_stream_over_disk']:.2f}x"),
+            ("  peak hidden-state bytes on disk (stream budget " f"{r['budget']:,})", f"{b['stream']:,} vs {b['disk']:,}",
+             f"{r['peak_stream_over_disk']:.3f}x"),
+        ]  # fmt: skip
     return [(name, json.dumps(r), "")]
 
 

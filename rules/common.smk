@@ -14,14 +14,17 @@ from draftpipe.workflow.config import ConfigError, check_config, report_title, v
 from draftpipe.workflow.fingerprint import NoTrainingPromptsError, prompt_fingerprints
 from draftpipe.workflow.parse import configured_verifier, live_check, print_plan, quarantine_corrupt_shards
 from draftpipe.workflow.parse import rendering, verifier_dir
-from draftpipe.workflow.plan import DiskSpaceError, check_disk
+from draftpipe.workflow.plan import DiskSpaceError, check_budget, check_disk
 from draftpipe.workflow.settings import job_settings
+from draftpipe.workflow.storage import check_storage
 
 try:
     VERIFIER = configured_verifier(config)
     DERIVED = check_config(config, VERIFIER)
     # verifier.chat_template_file (checked above): its content is a param of the stages that render conversations
     CHAT_TEMPLATE_SHA = template_file_hash(config["verifier"]["chat_template_file"])
+    # hidden_states.storage: disk (shards are artifacts) or stream (the draft job extracts as it trains)
+    STREAM = check_storage(config, DERIVED)["storage"] == "stream"
 except (ConfigError, VerifierNotFoundError) as exc:
     sys.exit(f"config error: {exc}")
 
@@ -105,6 +108,31 @@ def completion_shards(wildcards=None):
     return expand("results/completions/train_{shard}.jsonl", shard=SHARDS)
 
 
+def draft_data(wildcards=None):
+    """The draft's training data (unpacked into its inputs): the hidden-state shards, or, with
+    `hidden_states.storage: stream`, the completions the draft job extracts them from."""
+    return {"completions": completion_shards()} if STREAM else {"shards": hidden_shards()}
+
+
+def stream_params():
+    """With `hidden_states.storage: stream`, what the hidden_states rule's params would be, as the draft's param
+    `stream` (a change of aux ids or dtype reruns only the draft); nothing with `disk`."""
+    if not STREAM:
+        return {}
+    return {
+        "stream": canon(
+            {
+                "aux_layer_ids": DERIVED["aux_layer_ids"],
+                "num_layers": DERIVED["num_hidden_layers"],
+                "hidden_size": DERIVED["hidden_size"],
+                "dtype": config["hidden_states"]["dtype"],
+                "max_len": config["verifier"]["max_model_len"],
+                "model_dtype": config["verifier"]["dtype"],
+            }
+        )
+    }
+
+
 def res(stage, key):
     """A job resource of a stage from config.yaml's `resources:` (schema defaults filled in)."""
     return config["resources"][stage][key]
@@ -127,6 +155,8 @@ def stage_resources(stage):
         value = config["slurm"].get(key) or os.environ.get(f"DRAFTPIPE_SLURM_{key.upper()}")
         if value and (key != "gpu_model" or out["gpu"] > 0):
             out[name] = value
+    if stage == "draft" and STREAM:  # the vLLM producer's devices beside the trainer's
+        out["gpu"] += res("hidden_states", "gpus")
     if stage == "draft" and res("draft", "nodes") > 1:
         # several nodes: GPUs per node as gres, one torchrun task per node (draftpipe.stages.draft.ranks.slurm_resources)
         out.update(slurm_resources(config["resources"]["draft"]))
@@ -145,6 +175,13 @@ if workflow.is_main_process:
 def check_disk_before_start():
     """`onstart`: refuse to run when the hidden-state shards this run will write cannot fit (not in dry runs)."""
     if not config["hidden_states"]["disk_check"]:
+        return
+    if STREAM:  # no shard: the draft job's spool holds at most the budget
+        if any(job.rule.name == "draft" for job in workflow.dag.needrun_jobs()):
+            try:
+                check_budget(PLAN["disk_budget"], "results/draft")
+            except DiskSpaceError as exc:
+                raise WorkflowError(f"not enough disk: {exc}")
         return
     # a shard whose result is in the stage store is only linked: it needs no space
     store = Path("results") / STORE / "hidden_states"

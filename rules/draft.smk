@@ -1,7 +1,8 @@
-# Stage 5: the EAGLE-3 draft, trained with speculators, saved in the speculators format vLLM loads.
+# Stage 5: the EAGLE-3 draft, trained with speculators, saved in the speculators format vLLM loads; with
+# hidden_states.storage: stream it extracts the hidden states from vLLM as it trains (no shard is written).
 rule draft:
     input:
-        shards=hidden_shards,
+        unpack(draft_data),  # hidden-state shards, or the completions when they are streamed
         vocab=rules.vocab_maps.output.maps,
         verifier=verifier_files,
     output:
@@ -13,6 +14,7 @@ rule draft:
         verifier_id=VERIFIER_ID,
         # the quality gate min_train_samples shapes nothing: it is untracked
         draft=canon({k: v for k, v in config["draft"].items() if k != "min_train_samples"}),
+        **stream_params(),  # hidden_states.storage: stream only
         untracked=job_settings("draft", config),  # shapes nothing: draftpipe/workflow/settings.py
     log:
         "results/logs/draft.log",

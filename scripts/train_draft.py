@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 from draftpipe.runtime.job import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
-    from draftpipe.core.gates import check_train_samples  # noqa: E402
+    from draftpipe.core.gates import check_empty_masks, check_train_samples  # noqa: E402
     from draftpipe.core.io import atomic_path  # noqa: E402
     from draftpipe.core.layout import DIGEST_CACHE, SHARD_VALUE_CACHE, SOURCE_ROOT, results_dir_of, store_dir  # noqa: E402
     from draftpipe.core.progress import console  # noqa: E402
@@ -19,20 +19,30 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
     from draftpipe.stages.draft.export import export_draft  # noqa: E402
     from draftpipe.stages.draft.metrics import metrics_frame, training_summary  # noqa: E402
     from draftpipe.stages.draft.settings import settings_from_params  # noqa: E402
+    from draftpipe.stages.draft.stream import StreamSettings, read_sequences  # noqa: E402
     from draftpipe.stages.draft.training import train_draft  # noqa: E402
     from draftpipe.workflow.settings import DraftJob, read_job_settings  # noqa: E402
 
     p = snakemake.params
-    # never train on a damaged shard: it is quarantined (with its store entry) and the job fails naming it
-    require_sound_shards(list(snakemake.input.shards), results_dir_of(snakemake.output.model), SHARD_VALUE_CACHE)
     settings = settings_from_params(dict(p.draft))
     job_s = read_job_settings(DraftJob, p.untracked)
+    if "completions" in snakemake.input.keys():  # hidden_states.storage: stream
+        data = list(snakemake.input.completions)
+        stream = StreamSettings(p.verifier, budget=job_s.disk_budget, gpus=job_s.stream_gpus, **p.stream)
+        masks = [sum(mask) for _, mask in read_sequences(data, stream.max_len)]
+        aux_ids = sorted(stream.aux_layer_ids)
+        # the hidden_states stage's gate, on the samples the shards would hold
+        check_empty_masks(masks, job_s.max_empty_mask_fraction, ", ".join(data))
+    else:
+        data, stream = list(snakemake.input.shards), None
+        # never train on a damaged shard: it is quarantined (with its store entry) and the job fails naming it
+        require_sound_shards(data, results_dir_of(snakemake.output.model), SHARD_VALUE_CACHE)
+        masks = [n for shard in data for n in loss_mask_sums(shard)]
+        # the ids the shards were extracted at, which the draft was trained on (hidden_states.aux_layer_ids
+        # planned them: the shards' metadata and the export agree by construction)
+        aux_ids = shards_aux_layer_ids([(s, read_shard_metadata(s)) for s in data])
     # an empty training set (no usable prompt, every answer dropped) stops here, not after exporting random weights
-    check_train_samples(
-        [n for shard in snakemake.input.shards for n in loss_mask_sums(shard)],
-        job_s.min_train_samples,
-        list(snakemake.input.shards),
-    )
+    check_train_samples(masks, job_s.min_train_samples, data)
     # What the job tracks (inputs by content, params, script) and draftpipe's own code key both the finished draft in
     # the stage store and the training state, so a rerun after a crash resumes, a changed knob or input starts afresh,
     # a forced rerun after draftpipe changed trains afresh, and a rebuild that fails (Snakemake has removed the
@@ -50,7 +60,7 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
         model, config, metrics = paths
         checkpoint, rows = train_draft(
             p.verifier,
-            list(snakemake.input.shards),
+            data,
             snakemake.input.vocab,
             str(work),
             settings,
@@ -59,6 +69,7 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
             threads=snakemake.threads,
             fsdp=job_s.fsdp,
             nodes=job_s.nodes,
+            stream=stream,
         )
         with atomic_path(metrics) as tmp:
             metrics_frame(rows).to_csv(tmp, index=False)
@@ -66,9 +77,7 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
             checkpoint,
             model,
             config,
-            # the ids the shards were extracted at, which the draft was trained on (hidden_states.aux_layer_ids
-            # planned them: the shards' metadata and the export agree by construction)
-            shards_aux_layer_ids([(s, read_shard_metadata(s)) for s in snakemake.input.shards]),
+            aux_ids,
             str(Path(p.verifier).resolve()) if Path(p.verifier).exists() else p.verifier,
         )
         print(metrics_frame(rows).to_string())

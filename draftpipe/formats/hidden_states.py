@@ -60,6 +60,9 @@ if TYPE_CHECKING:
 FORMAT = "draftpipe.hidden_states.v1"
 KEYS = ("input_ids", "loss_mask", "hidden_states", "verifier_last_hidden_states")
 #: the scales of a float8 shard, keyed by the states they scale
+#: bytes per value of vLLM's hidden states in the engine's dtype (``verifier.dtype``; ``auto``: at most float32)
+ENGINE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "auto": 4}
+
 SCALE_KEYS = {
     "hidden_states": "hidden_states_scales",
     "verifier_last_hidden_states": "verifier_last_hidden_states_scales",

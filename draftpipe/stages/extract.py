@@ -29,12 +29,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftpipe.core.progress import Progress
-from draftpipe.formats.hidden_states import quantize_sample, sequence_and_mask
+from draftpipe.formats.captured import engine_layer_ids, sample_of  # noqa: F401 (engine_layer_ids: scripts/hidden_states.py reads it here)
+from draftpipe.formats.hidden_states import sequence_and_mask
 from draftpipe.inference.connector import CONNECTOR
 from draftpipe.inference.engine import engine_kwargs
 
@@ -48,20 +49,6 @@ DEFAULT_BATCH_TOKENS = 65536
 
 class ExtractionError(RuntimeError):
     """vLLM returned hidden states that do not belong to the request (wrong tokens or shape); names the request."""
-
-
-def engine_layer_ids(aux_ids: Iterable[int], num_layers: int) -> list[int]:
-    """The layer ids the engine captures: the aux ids and ``N`` (the last pre-norm state), sorted and distinct,
-    which is vLLM's own order.
-
-    Raises:
-        ValueError: an id is outside ``[0, N]``.
-    """
-    ids = sorted(set(aux_ids) | {num_layers})
-    bad = [i for i in ids if not 0 <= i <= num_layers]
-    if bad:
-        raise ValueError(f"layer ids {bad} are outside [0, {num_layers}] for a verifier with {num_layers} layers")
-    return ids
 
 
 def cache_bytes_per_token(aux_layers: int, hidden_size: int, dtype_bytes: int = 2) -> int:
@@ -244,25 +231,11 @@ def build_samples(
         ValueError: ``aux_ids`` repeat an id, or ``dtype`` is not a float dtype.
         ExtractionError: see :func:`extract`.
     """
-    import torch
-
-    if len(set(aux_ids)) != len(list(aux_ids)):
+    if len(set(aux_ids)) != len(list(aux_ids)):  # before the engine runs
         raise ValueError(f"aux layer ids {list(aux_ids)} repeat an id")
-    column = {lid: j for j, lid in enumerate(engine_layer_ids(aux_ids, num_layers))}
-    order = [column[k] for k in sorted(aux_ids)]
     pairs = [sequence_and_mask(row, max_len) for row in rows]
-    samples = []
     states_of = extract(llm, [p[0] for p in pairs], request_dir, batch_tokens=batch_tokens, progress=progress)
-    stored = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
-    for (ids, mask), states in zip(pairs, states_of):
-        sample = {
-            "input_ids": torch.tensor(ids, dtype=torch.long),
-            "loss_mask": torch.tensor(mask, dtype=torch.uint8),
-            "hidden_states": states[:, order].reshape(len(ids), -1),
-            "verifier_last_hidden_states": states[:, column[num_layers]],
-        }
-        samples.append(quantize_sample(sample, stored))
-    return samples
+    return [sample_of(ids, mask, states, aux_ids, num_layers, dtype) for (ids, mask), states in zip(pairs, states_of)]
 
 
 @contextlib.contextmanager

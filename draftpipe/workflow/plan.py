@@ -15,6 +15,7 @@ from pathlib import Path
 
 from draftpipe.core.gpus import draft_world_size
 from draftpipe.formats.verifier import is_mla_config, text_config
+from draftpipe.workflow.storage import parse_bytes
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 #: bytes per token and layer beside the values of a quantized dtype: its float32 scale (draftpipe.formats.hidden_states)
@@ -109,6 +110,10 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: d
     completion = tokens * 12 + samples * 600  # JSON text of ids and text, plus per-row metadata
     engine_bytes = DTYPE_BYTES.get(config["verifier"]["dtype"], 2)
     tp = max(1, int(config["resources"]["hidden_states"]["gpus"]))
+    budget = parse_bytes(config["hidden_states"]["disk_budget"], "hidden_states.disk_budget")
+    stream = config["hidden_states"]["storage"] == "stream"
+    # a streamed sample is extracted up to the total_seq_len + 1 tokens training reads (draftpipe.stages.draft.stream)
+    streamed = samples * min(per_sample, int(config["draft"]["total_seq_len"]) + 1)
     return {
         "prompts": records,
         "train_samples": samples,
@@ -116,7 +121,12 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: d
         "train_tokens": tokens,
         "hidden_state_bytes": hidden,
         "completion_bytes": completion,
-        "disk_bytes": hidden + completion + 2 * chars,
+        "disk_bytes": (budget if stream else hidden) + completion + 2 * chars,
+        "storage": config["hidden_states"]["storage"],
+        "disk_budget": budget,
+        "epochs": int(config["draft"]["epochs"]),
+        "stream_tokens_per_epoch": streamed,
+        "stream_gpus": (int(config["resources"]["hidden_states"]["gpus"]), int(config["resources"]["draft"]["gpus"])),
         "hidden_size": H,
         "aux_states": len(aux) + 1,
         "dtype": config["hidden_states"]["dtype"],
@@ -160,6 +170,28 @@ def gguf_line(g: dict) -> str:
     )
 
 
+def storage_line(p: dict) -> str:
+    """Both hidden-state storages side by side (``hidden_states.storage``): the disk each needs and the vLLM
+    prefill work, once for shards, every epoch for a stream."""
+    mark = {p["storage"]: " (chosen)"}
+    return (
+        f"hidden-state storage: disk{mark.get('disk', '')}: shards {human(p['hidden_state_bytes'])}, vLLM prefill of "
+        f"{p['train_tokens']:,} tokens once; stream{mark.get('stream', '')}: a spool of at most "
+        f"{human(p['disk_budget'])} (hidden_states.disk_budget), vLLM prefill of {p['stream_tokens_per_epoch']:,} "
+        f"tokens x {p['epochs']} epoch(s) = {p['stream_tokens_per_epoch'] * p['epochs']:,} tokens"
+        + (stream_devices(*p["stream_gpus"]) if p["storage"] == "stream" else "")
+    )
+
+
+def stream_devices(vllm: int, trainer: int) -> str:
+    """Where a streamed draft job runs vLLM and the trainer (:func:`draftpipe.stages.draft.stream.split_devices`)."""
+    if not vllm:
+        return "; vLLM and the trainer share the CPU" if not trainer else "; vLLM on the CPU, the trainer on 1 GPU"
+    if trainer:
+        return f"; the job holds {vllm + trainer} GPUs: vLLM on {vllm} (tensor parallel), the trainer on {trainer} (disjoint)"
+    return f"; the job holds {vllm} GPUs: vLLM on all (tensor parallel), the trainer shares the first (resources.draft.gpus: 0)"
+
+
 def format_plan(p: dict) -> str:
     """One block of text for the console."""
     return (
@@ -168,7 +200,8 @@ def format_plan(p: dict) -> str:
         f"({p['aux_states']} x {p['hidden_size']} x {p['dtype']}"
         f"{' + a float32 scale each' if p['dtype'] in SCALE_BYTES else ''} per token) {human(p['hidden_state_bytes'])}; "
         f"completions {human(p['completion_bytes'])}; disk needed {human(p['disk_bytes'])}\n"
-        f"hidden_states engine: vLLM extract_hidden_states, tensor parallel {p['engine_tp']}; hidden-state cache "
+        + (storage_line(p) + "\n" if "storage" in p else "")
+        + f"hidden_states engine: vLLM extract_hidden_states, tensor parallel {p['engine_tp']}; hidden-state cache "
         f"{human(p['state_cache_bytes_per_token'])} per token on every GPU"
         + (
             f", beside the KV cache's {human(p['kv_bytes_per_token'])} per token per GPU"
@@ -219,14 +252,39 @@ def check_disk(p: dict, shard_dir: str | Path, missing_shards: int, num_shards: 
         DiskSpaceError: need > free; the message says how much is needed, how much is free and where.
     """
     need = int(p["hidden_state_bytes"] * missing_shards / max(num_shards, 1))
-    where = Path(shard_dir)
-    if free is None:
-        free, where = free_bytes(shard_dir)
-    if need > free:
-        raise DiskSpaceError(
-            f"hidden states need {human(need)} for {missing_shards} of {num_shards} shards "
-            f"({p['train_tokens']:,} tokens x {p['aux_states']} states x {p['hidden_size']} x {p['dtype']}, "
-            f"an upper bound) but {where} has {human(free)} free; free space, lower prompts/samples_per_prompt/"
-            f"max_tokens, or set hidden_states.disk_check: false"
-        )
+    require_free(
+        need,
+        shard_dir,
+        free,
+        f"hidden states need {human(need)} for {missing_shards} of {num_shards} shards "
+        f"({p['train_tokens']:,} tokens x {p['aux_states']} states x {p['hidden_size']} x {p['dtype']}, "
+        "an upper bound)",
+        "free space, lower prompts/samples_per_prompt/max_tokens, or set hidden_states.disk_check: false",
+    )
     return need
+
+
+def check_budget(budget: int, where: str | Path, free: int | None = None) -> None:
+    """Refuse to start a streamed draft job whose spool budget (``hidden_states.disk_budget``) does not fit on the
+    disk that holds ``where`` (``results/draft``).
+
+    Raises:
+        DiskSpaceError: budget > free, saying both and where.
+    """
+    require_free(
+        budget,
+        where,
+        free,
+        f"hidden_states.disk_budget is {human(budget)}",
+        "lower the budget, free space, or set hidden_states.disk_check: false",
+    )
+
+
+def require_free(need: int, where: str | Path, free: int | None, what: str, fix: str) -> None:
+    """Raise :class:`DiskSpaceError` ``"<what> but <where> has <free> free; <fix>"`` when ``need`` bytes exceed
+    ``free`` (default: measured on ``where``'s file system)."""
+    place = Path(where)
+    if free is None:
+        free, place = free_bytes(where)
+    if need > free:
+        raise DiskSpaceError(f"{what} but {place} has {human(free)} free; {fix}")

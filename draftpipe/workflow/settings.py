@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from draftpipe.core.gpus import draft_ranks
+from draftpipe.workflow.storage import parse_bytes
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,17 @@ class HiddenStatesJob:
 @dataclass(frozen=True)
 class DraftJob:
     """``draft``: the training-set gate, ranks per node (:func:`draftpipe.core.gpus.draft_ranks`), nodes, FSDP,
-    checkpoints per epoch."""
+    checkpoints per epoch; with ``hidden_states.storage: stream``, the spool's budget in bytes, the vLLM
+    producer's devices (``resources.hidden_states.gpus``) and the empty-mask gate of the shards it replaces."""
 
     min_train_samples: int
     ranks: int
     nodes: int
     fsdp: bool
     checkpoints_per_epoch: int
+    disk_budget: int
+    stream_gpus: int
+    max_empty_mask_fraction: float
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,14 @@ def _settings(rule: str, config: dict) -> Any:
     if rule == "draft":
         d = res["draft"]
         return DraftJob(
-            config["draft"]["min_train_samples"], draft_ranks(d), d["nodes"], d["fsdp"], d["checkpoints_per_epoch"]
+            config["draft"]["min_train_samples"],
+            draft_ranks(d),
+            d["nodes"],
+            d["fsdp"],
+            d["checkpoints_per_epoch"],
+            parse_bytes(config["hidden_states"]["disk_budget"], "hidden_states.disk_budget"),
+            res["hidden_states"]["gpus"],
+            config["hidden_states"]["max_empty_mask_fraction"],
         )
     if rule == "compat_report":
         return ReportJob(verifier["chat_template_file"], config["prompts"]["eval_fraction"])

@@ -18,6 +18,7 @@ if __name__ == "__main__":
 
     import draftpipe.stages.extract as ex
     from draftpipe.core.io import read_jsonl
+    from draftpipe.formats.captured import engine_layer_ids
     from draftpipe.formats.hidden_states import write_shard
 
     verifier, rows_file, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
@@ -29,7 +30,7 @@ if __name__ == "__main__":
     requests = out / "requests"
     llm = ex.open_extractor(
         verifier,
-        layer_ids=ex.engine_layer_ids(aux, num_layers),
+        layer_ids=engine_layer_ids(aux, num_layers),
         dtype="float32",
         max_len=max(len(r["prompt_token_ids"]) + len(r["completion_token_ids"]) for r in rows),
         seed=0,

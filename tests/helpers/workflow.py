@@ -95,3 +95,16 @@ def variant(workdir: Path, name: str, change) -> str:
     path = variants_dir(workdir) / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))  # keys sorted: key order must not count as a change
     return str(path)
+
+
+def stream_figures(log: str) -> dict[str, int]:
+    """The streamed draft's figures from its job log (``draftpipe.stages.draft.training.stream_line``): ``steps``,
+    ``tokens`` extracted, the spool's ``peak`` bytes and the ``budget``."""
+    m = re.search(
+        r"draft stream: (\d+) step\(s\), ([\d,]+) tokens extracted by vLLM; spool peak ([\d,]+) bytes of a "
+        r"([\d,]+)-byte budget",
+        log,
+    )
+    assert m, "no stream line in the draft's log"
+    steps, tokens, peak, budget = (int(g.replace(",", "")) for g in m.groups())
+    return {"steps": steps, "tokens": tokens, "peak": peak, "budget": budget}

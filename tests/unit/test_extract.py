@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from draftpipe.stages.extract import batches, cache_bytes_per_token, engine_layer_ids, kv_transfer_config
+from draftpipe.formats.captured import engine_layer_ids
+from draftpipe.stages.extract import batches, cache_bytes_per_token, kv_transfer_config
 
 
 def test_engine_layer_ids_sorted_distinct_with_last():

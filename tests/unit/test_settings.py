@@ -96,6 +96,9 @@ def test_untracked_job_settings_are_typed_and_left_out_of_the_params_trigger():
         nodes=2,
         fsdp=config["resources"]["draft"]["fsdp"],
         checkpoints_per_epoch=config["resources"]["draft"]["checkpoints_per_epoch"],
+        disk_budget=16 * 2**30,  # hidden_states.disk_budget: 16GiB
+        stream_gpus=config["resources"]["hidden_states"]["gpus"],
+        max_empty_mask_fraction=config["hidden_states"]["max_empty_mask_fraction"],
     )
     completions = read_job_settings(CompletionsJob, job_settings("completions", config))
     assert completions.max_truncated_fraction == config["completions"]["max_truncated_fraction"]

@@ -55,27 +55,21 @@ def accounting_line(split: str, a: dict, max_len: int) -> str:
     return line
 
 
-class ShardDataset(BaseDataset):
-    """speculators dataset over draftpipe hidden-state shards; samples ``i % val_every == val_every-1`` form
-    the validation split (``split="val"``), the rest the training split."""
+class SplitDataset(BaseDataset):
+    """A speculators dataset over one split of a sample sequence: samples ``k % val_every == val_every-1`` form
+    the validation split (``split="val"``), the rest the training split; samples with nothing to learn within the
+    first ``max_len`` tokens are left out and counted (:func:`window_accounting`). ``global_index[i]`` is the
+    position of dataset sample ``i`` in the whole sequence. Subclasses give ``_get_raw_data``."""
 
-    def __init__(self, shards: list[str], max_len: int, split: str, val_every: int, hidden_states_dtype):
-        import torch
-
-        self.samples = []
-        k = 0
-        for path in shards:
-            for sample in iter_shard(path):
-                is_val = val_every > 1 and k % val_every == val_every - 1
-                k += 1
-                if is_val == (split == "val"):
-                    # as stored (a float8 shard's states stay float8 in memory, with their scales)
-                    self.samples.append(
-                        {**sample, "input_ids": sample["input_ids"].long(), "loss_mask": sample["loss_mask"].long()}
-                    )
+    def __init__(self, samples, max_len: int, split: str, val_every: int, hidden_states_dtype):
+        chosen = []
+        for k, sample in enumerate(samples):
+            is_val = val_every > 1 and k % val_every == val_every - 1
+            if is_val == (split == "val"):
+                chosen.append((k, sample))
         # a sample longer than the packed batch is cut to its first max_len tokens (speculators' CollateFn); one
         # with no token to learn there would be a step of loss 0: left out, and counted (window_accounting)
-        masks = [sample["loss_mask"] for sample in self.samples]
+        masks = [sample["loss_mask"] for _, sample in chosen]
         self.accounting = window_accounting(
             [int(m.shape[0]) for m in masks],
             [int(m.sum()) for m in masks],
@@ -83,8 +77,8 @@ class ShardDataset(BaseDataset):
             max_len,
         )
         keep = set(self.accounting.pop("kept_indices"))
-        self.samples = [sample for i, sample in enumerate(self.samples) if i in keep]
-        self._torch = torch
+        self.global_index = [k for i, (k, _) in enumerate(chosen) if i in keep]
+        self.samples = [sample for i, (_, sample) in enumerate(chosen) if i in keep]
         super().__init__(max_len, hidden_states_dtype)
 
     def _compute_approx_lengths(self):
@@ -92,6 +86,19 @@ class ShardDataset(BaseDataset):
 
     def __len__(self):
         return len(self.samples)
+
+
+class ShardDataset(SplitDataset):
+    """speculators dataset over draftpipe hidden-state shards (:class:`SplitDataset` of their samples in order)."""
+
+    def __init__(self, shards: list[str], max_len: int, split: str, val_every: int, hidden_states_dtype):
+        # as stored (a float8 shard's states stay float8 in memory, with their scales)
+        samples = (
+            {**sample, "input_ids": sample["input_ids"].long(), "loss_mask": sample["loss_mask"].long()}
+            for path in shards
+            for sample in iter_shard(path)
+        )
+        super().__init__(samples, max_len, split, val_every, hidden_states_dtype)
 
     def _get_raw_data(self, index):
         # float8 states times their scales, in the training dtype (hidden_states.dtype float8_e4m3fn)

@@ -174,6 +174,11 @@ class ResumableTrainer(Trainer):
         self.metric_records: list[dict] = []
         super().setup_trainer()
 
+    @property
+    def resume_point(self) -> tuple[int, int]:
+        """``(epoch, steps of it already trained)`` where :meth:`run_training` continues (``(0, 0)`` when fresh)."""
+        return self.current_epoch, self._resume_local_step
+
     def _load_training_state(self) -> dict:
         state = self.checkpointer.state
         return {

@@ -43,6 +43,7 @@ from draftpipe.stages.draft.data import ShardDataset, accounting_line
 from draftpipe.stages.draft.metrics import epoch_metrics
 from draftpipe.stages.draft.ranks import StepBatchSampler, check_batches_per_step, init_ranks, launch
 from draftpipe.stages.draft.settings import DraftSettings
+from draftpipe.stages.draft.stream import Spool, StreamDataset, StreamSettings, plan_units, split_devices
 from draftpipe.stages.draft.trainer import ResumableTrainer, current_rank, world_size
 
 
@@ -105,6 +106,7 @@ def train_draft(
     threads: int | None = None,
     fsdp: bool = False,
     nodes: int = 1,
+    stream: StreamSettings | None = None,
 ) -> tuple[Path, list[dict]]:
     """Train the draft; return the directory of the final epoch's checkpoint and the per-epoch metrics.
 
@@ -124,14 +126,23 @@ def train_draft(
     model) instead of replicating it (DDP), for drafts that do not fit one device; checkpoints still hold the full
     states, gathered on rank 0.
 
+    ``stream`` (``hidden_states.storage: stream``): ``shards`` are the completions shards, and the hidden states
+    come from a vLLM producer as training reads them, within ``stream.budget`` bytes of disk
+    (:mod:`draftpipe.stages.draft.stream`); one rank only.
+
     Raises:
         ShardError: a shard is truncated or corrupt. ValueError: inconsistent shards (aux ids, hidden size), or
-        ``ranks`` does not divide ``s.batches_per_step``. RuntimeError: a rank failed.
+        ``ranks`` does not divide ``s.batches_per_step``, or ``stream`` with several ranks. RuntimeError: a rank
+        failed. draftpipe.stages.draft.stream.StreamError: the producer failed.
     """
     import torch
 
     world = max(1, ranks) * max(1, nodes)
     check_batches_per_step(s.batches_per_step, world)  # before any rank starts
+    if stream is not None:
+        if world > 1:
+            raise ValueError(f"hidden_states.storage: stream trains with one rank, not {world}")
+        return _train_streamed(verifier_dir, shards, vocab_maps, work_dir, s, checkpoints_per_epoch, threads, stream)
     if world > 1 and "LOCAL_RANK" not in os.environ:
         from dataclasses import asdict
 
@@ -165,14 +176,59 @@ def train_draft(
             dist.destroy_process_group()
 
 
+def _train_streamed(verifier_dir, completions, vocab_maps, work_dir, s, checkpoints_per_epoch, threads, stream):
+    """:func:`train_draft` with the hidden states streamed through a :class:`Spool` beside ``work_dir``."""
+    _, trainer_devices = split_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), stream.gpus)
+    if trainer_devices:  # before torch initialises CUDA here
+        os.environ["CUDA_VISIBLE_DEVICES"] = trainer_devices
+    spool = Spool(str(work_dir) + ".spool", completions, stream, s.total_seq_len, threads or 1)
+    try:
+        return _train_here(verifier_dir, completions, vocab_maps, work_dir, s, checkpoints_per_epoch, spool=spool)
+    finally:
+        figures = spool.close()
+        if figures:
+            print(stream_line(figures), flush=True)
+
+
 def train_rank(spec: dict) -> None:
     """One torchrun rank of :func:`train_draft` (the ``entry`` of its launch spec, :func:`draftpipe.stages.draft.ranks.main`):
     ``spec`` holds train_draft's arguments, the settings ``s`` as a dict."""
     train_draft(**{**spec, "s": DraftSettings(**spec["s"])})
 
 
+def stream_line(figures: dict) -> str:
+    """The log line of a streamed training: units and tokens extracted, the spool's peak against the budget."""
+    return (
+        f"draft stream: {figures.get('units', 0)} step(s), {figures.get('tokens', 0):,} tokens extracted by vLLM; "
+        f"spool peak {figures.get('peak_bytes', 0):,} bytes of a {figures.get('budget', 0):,}-byte budget"
+    )
+
+
+def _datasets(shards, s: DraftSettings, hs_dtype, spool: Spool | None):
+    """``(aux_ids, train_ds, val_ds)`` from hidden-state shards, or from the completions through ``spool``."""
+    if spool is not None:
+        aux_ids = sorted(spool.settings.aux_layer_ids)
+        return tuple(
+            [aux_ids]
+            + [StreamDataset(spool, s.total_seq_len, split, s.val_every, hs_dtype) for split in ("train", "val")]
+        )
+    metas = [read_shard_metadata(p) for p in shards]
+    aux_ids = shards_aux_layer_ids(list(zip(shards, metas)))
+    common_template([(p, m.get("chat_template_sha256")) for p, m in zip(shards, metas)])
+    return tuple(
+        [aux_ids] + [ShardDataset(shards, s.total_seq_len, split, s.val_every, hs_dtype) for split in ("train", "val")]
+    )
+
+
 def _train_here(
-    verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, checkpoints_per_epoch: int, fsdp: bool = False
+    verifier_dir,
+    shards,
+    vocab_maps,
+    work_dir,
+    s: DraftSettings,
+    checkpoints_per_epoch: int,
+    fsdp: bool = False,
+    spool: Spool | None = None,
 ):
     """:func:`train_draft` in this process (one rank, or one of several under torchrun)."""
     import torch
@@ -182,22 +238,20 @@ def _train_here(
     from speculators.train.trainer import TrainerConfig
     from torch.utils.data import DataLoader
 
-    metas = [read_shard_metadata(p) for p in shards]
-    aux_ids = shards_aux_layer_ids(list(zip(shards, metas)))
-    common_template([(p, m.get("chat_template_sha256")) for p, m in zip(shards, metas)])
-    d2t, t2d, vd = read_maps(vocab_maps)
     on_gpu = torch.accelerator.current_accelerator() is not None
+    # speculators trains under bfloat16 autocast (right on GPUs). On a CPU, bfloat16 matmuls without native support
+    # (AVX2-only x86, e.g. AMD EPYC before Zen 4) run about 70x slower than float32 (0.58 against 43 GFLOPS on one
+    # core, measured on a 2-core AMD EPYC with AVX2), so the CPU trains in float32 (autocast off: torch warns that CPU autocast
+    # supports only bfloat16 and float16). Like the attention and loss kernels below, the device shapes the draft.
+    hs_dtype = torch.bfloat16 if on_gpu else torch.float32
+    aux_ids, train_ds, val_ds = _datasets(shards, s, hs_dtype, spool)
+    if spool is not None:
+        spool.start()  # the engine loads while the draft is built
+    d2t, t2d, vd = read_maps(vocab_maps)
     attn = attention_implementation(on_gpu)
     loss_impl = "fused" if on_gpu else "eager"
     model = build_draft(verifier_dir, aux_ids, d2t, t2d, vd, s, attn)
     hidden_size = model.config.transformer_layer_config.hidden_size
-    # speculators trains under bfloat16 autocast (right on GPUs). On a CPU, bfloat16 matmuls without native support
-    # (AVX2-only x86, e.g. AMD EPYC before Zen 4) run about 70x slower than float32 (0.58 against 43 GFLOPS on one
-    # core, measured on a 2-core AMD EPYC with AVX2), so the CPU trains in float32 (autocast off: torch warns that CPU autocast
-    # supports only bfloat16 and float16). Like the attention and loss kernels above, the device shapes the draft.
-    hs_dtype = torch.bfloat16 if on_gpu else torch.float32
-    train_ds = ShardDataset(shards, s.total_seq_len, "train", s.val_every, hs_dtype)
-    val_ds = ShardDataset(shards, s.total_seq_len, "val", s.val_every, hs_dtype)
     rank, size = current_rank(), world_size()
     if rank == 0:
         for split, ds in (("train", train_ds), ("validation", val_ds)):
@@ -238,5 +292,10 @@ def _train_here(
         checkpoint_freq=1 if checkpoints_per_epoch <= 1 else 1 / checkpoints_per_epoch,
     )
     trainer = ResumableTrainer(model, cfg, train_loader, val_loader)
+    if spool is not None:  # the steps still to train, from the resume point the trainer found
+        samplers = [ld.batch_sampler if ld is not None else None for ld in (train_loader, val_loader)]
+        spool.publish(
+            plan_units(*samplers, train_ds.global_index, val_ds.global_index, s.epochs, *trainer.resume_point)
+        )
     trainer.run_training()
     return Path(work_dir) / str(s.epochs - 1), epoch_metrics(trainer.metric_records)
