@@ -28,7 +28,9 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
     job_s = read_job_settings(DraftJob, p.untracked)
     if "completions" in snakemake.input.keys():  # hidden_states.storage: stream
         data = list(snakemake.input.completions)
-        stream = StreamSettings(p.verifier, budget=job_s.disk_budget, gpus=job_s.stream_gpus, **p.stream)
+        stream = StreamSettings(
+            p.verifier, budget=job_s.disk_budget, gpus=job_s.stream_gpus, gpu_memory=job_s.stream_gpu_memory, **p.stream
+        )
         masks = [sum(mask) for _, mask in read_sequences(data, stream.max_len)]
         aux_ids = sorted(stream.aux_layer_ids)
         # the hidden_states stage's gate, on the samples the shards would hold

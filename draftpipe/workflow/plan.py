@@ -15,7 +15,7 @@ from pathlib import Path
 
 from draftpipe.core.gpus import draft_world_size
 from draftpipe.formats.verifier import is_mla_config, text_config
-from draftpipe.workflow.storage import parse_bytes
+from draftpipe.workflow.storage import parse_bytes, stream_gpu_memory
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 #: bytes per token and layer beside the values of a quantized dtype: its float32 scale (draftpipe.formats.hidden_states)
@@ -127,6 +127,7 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: d
         "epochs": int(config["draft"]["epochs"]),
         "stream_tokens_per_epoch": streamed,
         "stream_gpus": (int(config["resources"]["hidden_states"]["gpus"]), int(config["resources"]["draft"]["gpus"])),
+        "stream_gpu_memory": stream_gpu_memory(config["resources"]),
         "hidden_size": H,
         "aux_states": len(aux) + 1,
         "dtype": config["hidden_states"]["dtype"],
@@ -179,17 +180,25 @@ def storage_line(p: dict) -> str:
         f"{p['train_tokens']:,} tokens once; stream{mark.get('stream', '')}: a spool of at most "
         f"{human(p['disk_budget'])} (hidden_states.disk_budget), vLLM prefill of {p['stream_tokens_per_epoch']:,} "
         f"tokens x {p['epochs']} epoch(s) = {p['stream_tokens_per_epoch'] * p['epochs']:,} tokens"
-        + (stream_devices(*p["stream_gpus"]) if p["storage"] == "stream" else "")
+        + (stream_devices(*p["stream_gpus"], p["stream_gpu_memory"]) if p["storage"] == "stream" else "")
     )
 
 
-def stream_devices(vllm: int, trainer: int) -> str:
-    """Where a streamed draft job runs vLLM and the trainer (:func:`draftpipe.stages.draft.stream.split_devices`)."""
+def stream_devices(vllm: int, trainer: int, memory: float) -> str:
+    """Where a streamed draft job runs vLLM and the trainer (:func:`draftpipe.stages.draft.stream.split_devices`),
+    and vLLM's share of its GPUs' memory (:func:`draftpipe.workflow.storage.stream_gpu_memory`)."""
     if not vllm:
         return "; vLLM and the trainer share the CPU" if not trainer else "; vLLM on the CPU, the trainer on 1 GPU"
+    knob = f"resources.draft.stream_gpu_memory_utilization: {memory:g}"
     if trainer:
-        return f"; the job holds {vllm + trainer} GPUs: vLLM on {vllm} (tensor parallel), the trainer on {trainer} (disjoint)"
-    return f"; the job holds {vllm} GPUs: vLLM on all (tensor parallel), the trainer shares the first (resources.draft.gpus: 0)"
+        return (
+            f"; the job holds {vllm + trainer} GPUs: vLLM on {vllm} (tensor parallel, {memory:.0%} of their memory: "
+            f"{knob}), the trainer on {trainer} (disjoint)"
+        )
+    return (
+        f"; the job holds {vllm} GPUs: vLLM on all (tensor parallel, {memory:.0%} of their memory: {knob}), the "
+        f"trainer shares the first with the {1 - memory:.0%} vLLM leaves (resources.draft.gpus: 0)"
+    )
 
 
 def format_plan(p: dict) -> str:

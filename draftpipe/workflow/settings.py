@@ -20,7 +20,7 @@ from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from draftpipe.core.gpus import draft_ranks
-from draftpipe.workflow.storage import parse_bytes
+from draftpipe.workflow.storage import parse_bytes, stream_gpu_memory
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ class HiddenStatesJob:
 class DraftJob:
     """``draft``: the training-set gate, ranks per node (:func:`draftpipe.core.gpus.draft_ranks`), nodes, FSDP,
     checkpoints per epoch; with ``hidden_states.storage: stream``, the spool's budget in bytes, the vLLM
-    producer's devices (``resources.hidden_states.gpus``) and the empty-mask gate of the shards it replaces."""
+    producer's devices (``resources.hidden_states.gpus``) and its share of their memory
+    (:func:`draftpipe.workflow.storage.stream_gpu_memory`), and the empty-mask gate of the shards it replaces."""
 
     min_train_samples: int
     ranks: int
@@ -64,6 +65,7 @@ class DraftJob:
     disk_budget: int
     stream_gpus: int
     max_empty_mask_fraction: float
+    stream_gpu_memory: float
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ def _settings(rule: str, config: dict) -> Any:
             parse_bytes(config["hidden_states"]["disk_budget"], "hidden_states.disk_budget"),
             res["hidden_states"]["gpus"],
             config["hidden_states"]["max_empty_mask_fraction"],
+            stream_gpu_memory(res),
         )
     if rule == "compat_report":
         return ReportJob(verifier["chat_template_file"], config["prompts"]["eval_fraction"])

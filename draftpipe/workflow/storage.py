@@ -70,3 +70,19 @@ def check_storage(config: dict, derived: dict) -> dict:
                 "twice that lets extraction run a step ahead of training"
             )
     return {"storage": hs["storage"], "disk_budget": budget}
+
+
+#: vLLM's share of each GPU's memory in a streamed draft job: its own default with the trainer on other GPUs, less
+#: when the trainer shares its first GPU (the draft, its optimizer states and activations live beside vLLM there)
+DISJOINT_GPU_MEMORY, SHARED_GPU_MEMORY = 0.9, 0.6
+
+
+def stream_gpu_memory(resources: dict) -> float:
+    """``gpu_memory_utilization`` of a streamed draft job's vLLM producer: ``resources.draft.
+    stream_gpu_memory_utilization``, or :data:`SHARED_GPU_MEMORY` when the trainer shares vLLM's GPUs
+    (``resources.draft.gpus: 0`` with ``resources.hidden_states.gpus`` > 0), else :data:`DISJOINT_GPU_MEMORY`."""
+    chosen = resources["draft"].get("stream_gpu_memory_utilization")
+    if chosen is not None:
+        return float(chosen)
+    shared = int(resources["hidden_states"]["gpus"]) > 0 and int(resources["draft"]["gpus"]) == 0
+    return SHARED_GPU_MEMORY if shared else DISJOINT_GPU_MEMORY

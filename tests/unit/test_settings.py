@@ -99,6 +99,7 @@ def test_untracked_job_settings_are_typed_and_left_out_of_the_params_trigger():
         disk_budget=16 * 2**30,  # hidden_states.disk_budget: 16GiB
         stream_gpus=config["resources"]["hidden_states"]["gpus"],
         max_empty_mask_fraction=config["hidden_states"]["max_empty_mask_fraction"],
+        stream_gpu_memory=0.9,  # the trainer on GPUs of its own
     )
     completions = read_job_settings(CompletionsJob, job_settings("completions", config))
     assert completions.max_truncated_fraction == config["completions"]["max_truncated_fraction"]

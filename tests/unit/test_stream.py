@@ -223,3 +223,18 @@ def test_a_budget_larger_than_the_free_disk_is_refused(tmp_path):
     check_budget(1000, tmp_path, free=1000)
     with pytest.raises(DiskSpaceError, match=r"disk_budget is 1000 B but .* has 999 B free"):
         check_budget(1000, tmp_path, free=999)
+
+
+def test_vllm_leaves_room_on_a_gpu_it_shares_with_the_trainer():
+    from draftpipe.workflow.plan import stream_devices
+    from draftpipe.workflow.storage import stream_gpu_memory
+
+    res = {"hidden_states": {"gpus": 8}, "draft": {"gpus": 0, "stream_gpu_memory_utilization": None}}
+    assert stream_gpu_memory(res) == 0.6  # shared: the draft and its optimizer live beside vLLM on GPU 0
+    res["draft"]["gpus"] = 1
+    assert stream_gpu_memory(res) == 0.9  # vLLM's own default when the trainer has a GPU of its own
+    res["draft"]["stream_gpu_memory_utilization"] = 0.8
+    assert stream_gpu_memory(res) == 0.8
+    assert "trainer shares the first with the 40% vLLM leaves" in stream_devices(8, 0, 0.6)
+    assert "the job holds 9 GPUs: vLLM on 8 (tensor parallel, 90%" in stream_devices(8, 1, 0.9)
+    assert stream_devices(0, 0, 0.9) == "; vLLM and the trainer share the CPU"

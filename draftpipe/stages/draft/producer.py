@@ -82,7 +82,11 @@ def produce(spool: str | Path) -> dict:
         request_dir=spool / REQUESTS,
         # no prefix cache: a step's states must not depend on the steps extracted before it (a resumed job
         # re-extracts a step in a fresh engine); samples of one prompt seldom share a step, which is shuffled
-        engine={**engine_parallelism(s.gpus), "enable_prefix_caching": False},
+        engine={
+            **engine_parallelism(s.gpus),
+            **({"gpu_memory_utilization": s.gpu_memory} if s.gpus else {}),
+            "enable_prefix_caching": False,
+        },
     )
     while not (spool / PLAN).exists():
         time.sleep(POLL_S)

@@ -75,6 +75,7 @@ class StreamSettings:
         max_len: ``verifier.max_model_len``: sequences are cut there, as for shards.
         budget: bytes the spool may hold (``hidden_states.disk_budget``).
         gpus: the producer engine's devices (tensor parallel size; 0 on a CPU).
+        gpu_memory: the share of each GPU's memory vLLM may take (``gpu_memory_utilization``; GPUs only).
     """
 
     verifier: str
@@ -86,6 +87,7 @@ class StreamSettings:
     max_len: int
     budget: int
     gpus: int = 0
+    gpu_memory: float = 0.9
 
 
 def extracted_length(tokens: int, total_seq_len: int) -> int:
