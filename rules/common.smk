@@ -7,6 +7,7 @@ from pathlib import Path
 
 from draftpipe.core.gpus import slurm_resources
 from draftpipe.core.layout import STORE, shard_ids
+from draftpipe.bench.serve import serve_settings
 from draftpipe.formats.chat import template_file_hash
 from draftpipe.formats.verifier import VerifierNotFoundError
 from draftpipe.runtime.store import code_digest, stored_already
@@ -112,6 +113,11 @@ def draft_data(wildcards=None):
     """The draft's training data (unpacked into its inputs): the hidden-state shards, or, with
     `hidden_states.storage: stream`, the completions the draft job extracts them from."""
     return {"completions": completion_shards()} if STREAM else {"shards": hidden_shards()}
+
+
+def served_summary(wildcards=None):
+    """The served benchmark's summary as the report's input `serve` when `bench.serve` is set; nothing otherwise."""
+    return {"serve": "results/bench/serve.json"} if config["bench"]["serve"] else {}
 
 
 def stream_params():

@@ -10,6 +10,8 @@ from draftpipe.runtime.job import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
     from draftpipe.bench.benchmark import plot, plot_training, render_report
+    from draftpipe.bench.serve import offline_gaps
+    from draftpipe.bench.serve_report import plot_serve, render_serve_section, serve_warnings
     from draftpipe.core.gates import check_acceptance
     from draftpipe.core.io import write_text
     from draftpipe.workflow.settings import BenchReportJob, read_job_settings
@@ -27,4 +29,15 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
         "acceptance length and speedup vs k": Path(out.vs_k).name,
         "training curves": Path(out.training).name,
     }
-    write_text(out.report, render_report(summary, title=style["title"], plots=plots, digits=style["digits"]))
+    text = render_report(summary, title=style["title"], plots=plots, digits=style["digits"])
+    if "serve" in snakemake.input.keys():  # bench.serve set: the served sweep beside the offline benchmark
+        serve = json.loads(Path(snakemake.input.serve).read_text())
+        tolerance = snakemake.params.serve_tolerance
+        gaps = offline_gaps(serve, summary, tolerance)
+        for line in serve_warnings(gaps, tolerance):
+            print(f"WARNING: {line}")
+        plot_serve(serve, out.serve, dpi=style["dpi"], title=style["title"])
+        text += "\n" + render_serve_section(
+            serve, gaps, tolerance=tolerance, plot=Path(out.serve).name, digits=style["digits"]
+        )
+    write_text(out.report, text)

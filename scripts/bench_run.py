@@ -12,12 +12,11 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         import pandas as pd
 
         from draftpipe.bench.benchmark import benchmark, summary_line
-        from draftpipe.core.io import atomic_path, read_jsonl, write_json
+        from draftpipe.bench.prompts import benchmark_prompt_sets
+        from draftpipe.core.io import atomic_path, write_json
         from draftpipe.core.progress import console
         from draftpipe.formats.chat import planned_template, verifier_tokenizer
-        from draftpipe.formats.prompts import load_prompts
         from draftpipe.inference.engine import speculative_dtype
-        from draftpipe.inference.prompting import encode_and_fit
         from draftpipe.workflow.settings import BenchRunJob, read_job_settings
 
         p = snakemake.params
@@ -27,30 +26,20 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
             p.verifier, planned_template(job_s.chat_template_file, p.rendering["chat_template_sha256"])
         )
 
-        def encode(records, name):
-            # completions.too_long, as for the completions; each prompt keeps room for the whole max_tokens
-            fitted, counts = encode_and_fit(
-                tok,
-                records,
-                template_kwargs=p.rendering["template_kwargs"],
-                max_model_len=p.max_model_len,
-                room=s["max_tokens"],
-                too_long=p.too_long,
-                stage="the benchmark",
-            )
-            print(f"prompt set {name}: {counts}")
-            return [{"id": r["id"], "prompt_token_ids": ids} for r, ids in fitted][: s["max_prompts"]]
-
-        prompt_sets = {"eval": encode(read_jsonl(snakemake.input.eval), "eval")}
-        for src in s["prompt_sets"]:
-            records, _ = load_prompts([src], p.rendering["system_prompt"])
-            prompt_sets[src["name"]] = encode(records, src["name"])
-        for name, prompts in prompt_sets.items():
-            print(f"prompt set {name}: {len(prompts)} prompts")
+        prompt_sets = benchmark_prompt_sets(
+            tok,
+            snakemake.input.eval,
+            s["prompt_sets"],
+            p.rendering,
+            max_model_len=p.max_model_len,
+            max_tokens=s["max_tokens"],
+            max_prompts=s["max_prompts"],
+            too_long=p.too_long,  # completions.too_long, as for the completions; each prompt keeps room for max_tokens
+        )
         summary, table = benchmark(
             p.verifier,
             str(Path(snakemake.input.model).parent),
-            {k: v for k, v in prompt_sets.items() if v},
+            prompt_sets,
             num_speculative_tokens=s["num_speculative_tokens"],
             temperatures=s["temperatures"],
             batch_sizes=s["batch_sizes"],

@@ -63,6 +63,15 @@ KEYS = ("input_ids", "loss_mask", "hidden_states", "verifier_last_hidden_states"
 #: bytes per value of vLLM's hidden states in the engine's dtype (``verifier.dtype``; ``auto``: at most float32)
 ENGINE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "auto": 4}
 
+
+def engine_token_bytes(aux_layer_ids, num_layers: int, hidden_size: int, model_dtype: str) -> int:
+    """Upper bound of the bytes vLLM's connector writes per token of a request: the states of every captured layer
+    (the aux ids and the last layer ``num_layers``, each once) in the engine's dtype (:data:`ENGINE_DTYPE_BYTES`,
+    float32 for an unknown one) plus the token id (int64)."""
+    n_ids = len(set(aux_layer_ids) | {int(num_layers)})
+    return n_ids * int(hidden_size) * ENGINE_DTYPE_BYTES.get(model_dtype, 4) + 8
+
+
 SCALE_KEYS = {
     "hidden_states": "hidden_states_scales",
     "verifier_last_hidden_states": "verifier_last_hidden_states_scales",

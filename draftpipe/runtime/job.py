@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import importlib.util
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -17,6 +19,20 @@ from draftpipe.core.layout import SOURCE_ROOT
 from draftpipe.formats.provenance import manifest_path, now_iso, remove_manifests, write_manifests
 
 _STARTED_AT_ENV = "DRAFTPIPE_JOB_STARTED_AT"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent exits (Linux ``prctl(PR_SET_PDEATHSIG)``); a
+    no-op elsewhere. Run in a child between fork and exec (``preexec_fn``). SIGKILL (the default) for the torchrun
+    launcher (parent: the job script), each rank (parent: torchrun) and the streamed draft's producer, so a SIGKILL
+    of the job ends them; SIGTERM for vLLM's API server (:mod:`draftpipe.bench.serve`), which then stops its engine
+    processes itself."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return
+    libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
 def ml_python() -> str:

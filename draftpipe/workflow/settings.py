@@ -84,6 +84,15 @@ class BenchRunJob:
 
 
 @dataclass(frozen=True)
+class BenchServeJob:
+    """``bench_serve``: the template file of the benchmark's prompts, and how long a server may take to answer
+    ``/health`` (seconds; ``bench.serve.startup_timeout``; None while ``bench.serve`` is null)."""
+
+    chat_template_file: str | None
+    startup_timeout: float | None
+
+
+@dataclass(frozen=True)
 class BenchReportJob:
     """``bench_report``: the acceptance gate (None: no gate)."""
 
@@ -122,6 +131,9 @@ def _settings(rule: str, config: dict) -> Any:
         return ReportJob(verifier["chat_template_file"], config["prompts"]["eval_fraction"])
     if rule == "bench_run":
         return BenchRunJob(verifier["chat_template_file"])
+    if rule == "bench_serve":
+        serve = config["bench"]["serve"]
+        return BenchServeJob(verifier["chat_template_file"], serve and float(serve["startup_timeout"]))
     if rule == "bench_report":
         return BenchReportJob(config["bench"]["min_acceptance_length"])
     raise KeyError(f"no untracked settings for rule {rule!r}")

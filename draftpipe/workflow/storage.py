@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from draftpipe.core.gpus import draft_world_size
-from draftpipe.formats.hidden_states import ENGINE_DTYPE_BYTES
+from draftpipe.formats.hidden_states import engine_token_bytes
 from draftpipe.workflow.config import ConfigError
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -40,8 +40,9 @@ def step_spool_bytes(config: dict, derived: dict) -> int:
     ``total_seq_len + 1`` tokens extracted each, ``(aux + 1) x H`` states per token in the engine's dtype plus the
     token id (vLLM's connector files, :func:`draftpipe.stages.draft.stream.request_bytes`)."""
     d = config["draft"]
-    ids = len(set(derived["aux_layer_ids"]) | {derived["num_hidden_layers"]})
-    per_token = ids * int(derived["hidden_size"]) * ENGINE_DTYPE_BYTES.get(config["verifier"]["dtype"], 4) + 8
+    per_token = engine_token_bytes(
+        derived["aux_layer_ids"], derived["num_hidden_layers"], derived["hidden_size"], config["verifier"]["dtype"]
+    )
     return int(d["batches_per_step"]) * (int(d["total_seq_len"]) + 1) * per_token
 
 

@@ -24,8 +24,7 @@ from pathlib import Path
 from draftpipe.core.io import write_json, write_text
 from draftpipe.core.progress import Progress
 from draftpipe.formats.captured import engine_layer_ids
-from draftpipe.runtime.job import engine_parallelism
-from draftpipe.stages.draft.ranks import die_with_parent
+from draftpipe.runtime.job import die_with_parent, engine_parallelism
 from draftpipe.stages.draft.stream import (
     PLAN,
     POLL_S,

@@ -19,33 +19,19 @@ A rank dies with its launcher (``PR_SET_PDEATHSIG``), so a killed job never leav
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from draftpipe.core.io import write_json
 from draftpipe.core.layout import SOURCE_ROOT
+from draftpipe.runtime.job import die_with_parent
 
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent exits (Linux ``prctl(PR_SET_PDEATHSIG)``); a no-op
-    elsewhere. Used for the torchrun launcher (parent: the job script) and for each rank (parent: torchrun), so a
-    SIGKILL of the job ends every rank."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def world() -> tuple[int, int, int]:

@@ -32,7 +32,9 @@ stream one sequence at a time), so the two storages train drafts equal within th
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -46,9 +48,9 @@ from draftpipe.core.io import iter_jsonl, write_json
 from draftpipe.core.layout import SOURCE_ROOT
 from draftpipe.formats.captured import sample_of
 from draftpipe.formats.chat import common_template, row_templates
-from draftpipe.formats.hidden_states import ENGINE_DTYPE_BYTES, SCALE_KEYS, dequantize_sample, sequence_and_mask
+from draftpipe.formats.hidden_states import SCALE_KEYS, dequantize_sample, engine_token_bytes, sequence_and_mask
+from draftpipe.runtime.job import die_with_parent
 from draftpipe.stages.draft.data import SplitDataset
-from draftpipe.stages.draft.ranks import die_with_parent
 
 #: spool layout: the producer's spec, the consumer's plan, the per-request files, a marker per finished unit
 SPEC, PLAN, REQUESTS, STATS = "spec.json", "plan.json", "requests", "producer.json"
@@ -98,8 +100,9 @@ def extracted_length(tokens: int, total_seq_len: int) -> int:
 def request_bytes(tokens: int, settings: StreamSettings) -> int:
     """Upper bound of one request file's bytes: ``tokens x (n_ids x H x engine bytes + 8)`` plus
     :data:`FILE_OVERHEAD` (vLLM's connector writes the states of every captured layer and the token ids)."""
-    n_ids = len(set(settings.aux_layer_ids) | {settings.num_layers})
-    per_token = n_ids * settings.hidden_size * ENGINE_DTYPE_BYTES.get(settings.model_dtype, 4) + 8
+    per_token = engine_token_bytes(
+        settings.aux_layer_ids, settings.num_layers, settings.hidden_size, settings.model_dtype
+    )
     return tokens * per_token + FILE_OVERHEAD
 
 
@@ -165,25 +168,35 @@ def ready_path(spool: str | os.PathLike, unit: int) -> Path:
     return Path(spool) / REQUESTS / f"{unit:07d}.ready"
 
 
-def wait_written(path: str | os.PathLike) -> None:
-    """Wait until vLLM's connector has written a request file: its ``<file>.lock`` exists before the engine returns
-    the request (vLLM's ``wait_for_save``) and is held until the file is complete (a shared ``flock`` waits, as
-    vLLM's ``load_hidden_states`` does)."""
-    with open(str(path) + ".lock") as lf:
+@contextlib.contextmanager
+def written(path: str | os.PathLike, *, lock_required: bool = True):
+    """A block that runs once vLLM's connector has written a request file, holding a shared ``flock`` on its
+    ``<file>.lock`` (as vLLM's ``load_hidden_states`` does, ``example_hidden_states_connector.py``): the lock exists
+    before the engine returns the request (vLLM's ``wait_for_save``) and is held until the file is complete.
+    Without ``lock_required``, a file whose lock is gone (already freed by the producer) is read as it is.
+
+    Raises:
+        FileNotFoundError: ``lock_required`` and no lock file."""
+    lock = Path(str(path) + ".lock")
+    if not lock_required and not lock.exists():
+        yield
+        return
+    with open(lock) as lf:
         fcntl.flock(lf, fcntl.LOCK_SH)
+        yield
+
+
+def wait_written(path: str | os.PathLike) -> None:
+    """Wait until vLLM's connector has written a request file (:func:`written`; its lock must exist)."""
+    with written(path):
+        pass
 
 
 def read_request(path: Path):
-    """``(hidden_states [T, n_ids, H], token_ids [T])`` of a request file, waiting on its lock as vLLM's
-    ``load_hidden_states`` does (``example_hidden_states_connector.py``: a shared ``flock`` on ``<file>.lock``)."""
+    """``(hidden_states [T, n_ids, H], token_ids [T])`` of a request file, read once it is written (:func:`written`)."""
     from safetensors.torch import load_file
 
-    lock = Path(str(path) + ".lock")
-    if lock.exists():
-        with open(lock) as lf:
-            fcntl.flock(lf, fcntl.LOCK_SH)
-            data = load_file(str(path), device="cpu")
-    else:
+    with written(path, lock_required=False):
         data = load_file(str(path), device="cpu")
     return data["hidden_states"], data["token_ids"]
 
@@ -306,8 +319,6 @@ class Spool:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        import json
-
         try:
             stats = json.loads((self.dir / STATS).read_text())
         except (OSError, ValueError):

@@ -1,0 +1,53 @@
+"""The benchmarks' prompts: the eval split and ``bench.prompt_sets``, rendered and encoded as every stage that
+prompts the verifier does, shared by the offline benchmark (``bench_run``) and the served one (``bench_serve``) so
+both send the same token ids."""
+
+from __future__ import annotations
+
+from draftpipe.core.io import read_jsonl
+from draftpipe.formats.prompts import load_prompts
+from draftpipe.inference.prompting import encode_and_fit
+
+
+def benchmark_prompt_sets(
+    tokenizer,
+    eval_path: str,
+    prompt_sets: list[dict],
+    rendering: dict,
+    *,
+    max_model_len: int,
+    max_tokens: int,
+    max_prompts: int,
+    too_long: str,
+    stage: str = "the benchmark",
+) -> dict[str, list[dict]]:
+    """``{name: [{"id": str, "prompt_token_ids": [int]}]}``: the eval split (``eval_path``, named ``eval``) and each
+    configured set (``bench.prompt_sets``), each prompt rendered with ``rendering`` (chat template, kwargs, system
+    prompt), fitted to ``max_model_len`` with room for ``max_tokens`` under the length policy ``too_long``
+    (``completions.too_long``), and the first ``max_prompts`` of each set kept. Sets left empty are dropped.
+
+    Raises:
+        draftpipe.inference.prompting errors for a prompt that cannot fit under ``too_long: error`` (naming it),
+        and prompt-source errors of :func:`draftpipe.formats.prompts.load_prompts` (naming file and line).
+    """
+
+    def encode(records, name):
+        fitted, counts = encode_and_fit(
+            tokenizer,
+            records,
+            template_kwargs=rendering["template_kwargs"],
+            max_model_len=max_model_len,
+            room=max_tokens,
+            too_long=too_long,
+            stage=stage,
+        )
+        print(f"prompt set {name}: {counts}")
+        return [{"id": r["id"], "prompt_token_ids": ids} for r, ids in fitted][:max_prompts]
+
+    sets = {"eval": encode(read_jsonl(eval_path), "eval")}
+    for src in prompt_sets:
+        records, _ = load_prompts([src], rendering["system_prompt"])
+        sets[src["name"]] = encode(records, src["name"])
+    for name, prompts in sets.items():
+        print(f"prompt set {name}: {len(prompts)} prompts")
+    return {k: v for k, v in sets.items() if v}

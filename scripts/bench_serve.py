@@ -1,0 +1,60 @@
+"""Rule `bench_serve`: `vllm serve` with and without the draft, a concurrency sweep with vLLM's serving benchmark."""
+
+if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this file as __mp_main__
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821 (injected by Snakemake)
+
+    from draftpipe.runtime.job import engine_parallelism, job
+
+    with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
+        from draftpipe.bench.benchmark import environment
+        from draftpipe.bench.prompts import benchmark_prompt_sets
+        from draftpipe.bench.serve import serve_sweep
+        from draftpipe.core.io import write_json
+        from draftpipe.core.progress import console
+        from draftpipe.formats.chat import planned_template, verifier_tokenizer
+        from draftpipe.inference.engine import speculative_dtype
+        from draftpipe.workflow.settings import BenchServeJob, read_job_settings
+
+        p = snakemake.params
+        s = p.settings
+        job_s = read_job_settings(BenchServeJob, p.untracked)
+        tok = verifier_tokenizer(
+            p.verifier, planned_template(job_s.chat_template_file, p.rendering["chat_template_sha256"])
+        )
+        prompt_sets = benchmark_prompt_sets(
+            tok,
+            snakemake.input.eval,
+            s["prompt_sets"],
+            p.rendering,
+            max_model_len=p.max_model_len,
+            max_tokens=s["max_tokens"],
+            max_prompts=s["num_prompts"],
+            too_long=p.too_long,
+            stage="the served benchmark",
+        )
+        summary = serve_sweep(
+            p.verifier,
+            str(Path(snakemake.input.model).parent),
+            prompt_sets,
+            concurrency=s["concurrency"],
+            num_speculative_tokens=s["num_speculative_tokens"],
+            max_tokens=s["max_tokens"],
+            max_model_len=p.max_model_len,
+            dtype=speculative_dtype(p.dtype),
+            tokenizer=tok,
+            server_logs=(snakemake.log.verifier_server, snakemake.log.draft_server),
+            engine=engine_parallelism(snakemake.resources.gpu),
+            startup_timeout=job_s.startup_timeout,
+        )
+        summary = {"environment": environment(), "verifier": p.verifier, **summary}
+        write_json(snakemake.output.summary, summary)
+        for r in summary["results"]:
+            console(
+                f"bench_serve: {r['prompt_set']} concurrency {r['concurrency']}: acceptance length "
+                f"{r['draft']['acceptance_length']:.2f} (k={r['num_speculative_tokens']}), output tokens/s "
+                f"{r['draft']['output_tokens_per_s']:.1f} with the draft, {r['baseline']['output_tokens_per_s']:.1f} "
+                f"alone, speedup {r['speedup'] or 0:.2f}x"
+            )
