@@ -12,29 +12,17 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         import pandas as pd
 
         from draftpipe.bench.benchmark import benchmark, summary_line
-        from draftpipe.bench.prompts import benchmark_prompt_sets
+        from draftpipe.bench.prompts import job_prompt_sets
         from draftpipe.core.io import atomic_path, write_json
         from draftpipe.core.progress import console
-        from draftpipe.formats.chat import planned_template, verifier_tokenizer
         from draftpipe.inference.engine import speculative_dtype
         from draftpipe.workflow.settings import BenchRunJob, read_job_settings
 
         p = snakemake.params
         s = p.settings
         job_s = read_job_settings(BenchRunJob, p.untracked)
-        tok = verifier_tokenizer(
-            p.verifier, planned_template(job_s.chat_template_file, p.rendering["chat_template_sha256"])
-        )
-
-        prompt_sets = benchmark_prompt_sets(
-            tok,
-            snakemake.input.eval,
-            s["prompt_sets"],
-            p.rendering,
-            max_model_len=p.max_model_len,
-            max_tokens=s["max_tokens"],
-            max_prompts=s["max_prompts"],
-            too_long=p.too_long,  # completions.too_long, as for the completions; each prompt keeps room for max_tokens
+        _, prompt_sets = job_prompt_sets(
+            p, snakemake.input.eval, job_s.chat_template_file, max_prompts=s["max_prompts"], stage="the benchmark"
         )
         summary, table = benchmark(
             p.verifier,

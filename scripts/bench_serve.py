@@ -10,29 +10,21 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
 
     with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
         from draftpipe.bench.benchmark import environment
-        from draftpipe.bench.prompts import benchmark_prompt_sets
+        from draftpipe.bench.prompts import job_prompt_sets
         from draftpipe.bench.serve import serve_sweep
         from draftpipe.core.io import write_json
         from draftpipe.core.progress import console
-        from draftpipe.formats.chat import planned_template, verifier_tokenizer
         from draftpipe.inference.engine import speculative_dtype
         from draftpipe.workflow.settings import BenchServeJob, read_job_settings
 
         p = snakemake.params
         s = p.settings
         job_s = read_job_settings(BenchServeJob, p.untracked)
-        tok = verifier_tokenizer(
-            p.verifier, planned_template(job_s.chat_template_file, p.rendering["chat_template_sha256"])
-        )
-        prompt_sets = benchmark_prompt_sets(
-            tok,
+        tok, prompt_sets = job_prompt_sets(
+            p,
             snakemake.input.eval,
-            s["prompt_sets"],
-            p.rendering,
-            max_model_len=p.max_model_len,
-            max_tokens=s["max_tokens"],
+            job_s.chat_template_file,
             max_prompts=s["num_prompts"],
-            too_long=p.too_long,
             stage="the served benchmark",
         )
         summary = serve_sweep(

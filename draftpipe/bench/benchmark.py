@@ -380,7 +380,7 @@ def benchmark(
 # ------------------------------------------------------------------------------------------------ report
 
 
-def _pyplot():
+def pyplot():
     """``matplotlib.pyplot`` on the file-only Agg backend (jobs have no display)."""
     import matplotlib
 
@@ -390,7 +390,7 @@ def _pyplot():
     return plt
 
 
-def _save(plt, fig, path: str, dpi: int) -> None:
+def save_png(plt, fig, path: str, dpi: int) -> None:
     """Lay out ``fig``, write it as a PNG atomically (:func:`draftpipe.core.io.atomic_path`) and close it."""
     fig.tight_layout()
     with atomic_path(path) as tmp:
@@ -404,7 +404,7 @@ def plot_training(metrics_csv: str, out_png: str, *, dpi: int = 120, title: str 
     (``val_full_acc_<i>``), against the epoch. An empty file gives an empty plot that says so."""
     import pandas as pd
 
-    plt = _pyplot()
+    plt = pyplot()
     try:
         frame = pd.read_csv(metrics_csv)
     except pd.errors.EmptyDataError:
@@ -432,12 +432,12 @@ def plot_training(metrics_csv: str, out_png: str, *, dpi: int = 120, title: str 
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.suptitle(f"{title}: training".lstrip(": "), fontsize=10)
-    _save(plt, fig, out_png, dpi)
+    save_png(plt, fig, out_png, dpi)
 
 
 def plot(summary: dict, out_per_position: str, out_vs_k: str, *, dpi: int = 120, title: str = "") -> None:
     """Two PNG plots: per-position acceptance rate per k, and acceptance length and speedup against k."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = summary["results"]
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
@@ -454,7 +454,7 @@ def plot(summary: dict, out_per_position: str, out_vs_k: str, *, dpi: int = 120,
     ax.set_title(f"{title}: per-position acceptance".lstrip(": "), fontsize=10)
     ax.set_xticks(range(1, max((len(r["per_position_acceptance"]) for r in rows), default=1) + 1))
     ax.legend(fontsize=7)
-    _save(plt, fig, out_per_position, dpi)
+    save_png(plt, fig, out_per_position, dpi)
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
     groups: dict[tuple, list[dict]] = {}
@@ -477,7 +477,7 @@ def plot(summary: dict, out_per_position: str, out_vs_k: str, *, dpi: int = 120,
         ax.set_xticks(ks_all)
         ax.legend(fontsize=7)
     fig.suptitle(f"{title}: acceptance length and speedup vs k".lstrip(": "), fontsize=10)
-    _save(plt, fig, out_vs_k, dpi)
+    save_png(plt, fig, out_vs_k, dpi)
 
 
 def render_report(summary: dict, *, title: str, plots: dict[str, str], digits: int = 3) -> str:

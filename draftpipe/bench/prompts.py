@@ -5,6 +5,7 @@ both send the same token ids."""
 from __future__ import annotations
 
 from draftpipe.core.io import read_jsonl
+from draftpipe.formats.chat import planned_template, verifier_tokenizer
 from draftpipe.formats.prompts import load_prompts
 from draftpipe.inference.prompting import encode_and_fit
 
@@ -51,3 +52,31 @@ def benchmark_prompt_sets(
     for name, prompts in sets.items():
         print(f"prompt set {name}: {len(prompts)} prompts")
     return {k: v for k, v in sets.items() if v}
+
+
+def job_prompt_sets(params, eval_path: str, chat_template_file: str | None, *, max_prompts: int, stage: str):
+    """The tokenizer and prompt sets of a benchmark job (``bench_run``, ``bench_serve``) from its Snakemake
+    ``params`` (``verifier``, ``rendering``, ``max_model_len``, ``too_long``, and ``settings`` with ``prompt_sets``
+    and ``max_tokens``): the verifier's tokenizer with the planned chat template
+    (:func:`draftpipe.formats.chat.planned_template`; ``chat_template_file`` = ``verifier.chat_template_file``),
+    then :func:`benchmark_prompt_sets`, each prompt keeping room for ``max_tokens``.
+
+    Returns:
+        ``(tokenizer, {name: [{"id", "prompt_token_ids"}]})``.
+    """
+    tok = verifier_tokenizer(
+        params.verifier, planned_template(chat_template_file, params.rendering["chat_template_sha256"])
+    )
+    s = params.settings
+    sets = benchmark_prompt_sets(
+        tok,
+        eval_path,
+        s["prompt_sets"],
+        params.rendering,
+        max_model_len=params.max_model_len,
+        max_tokens=s["max_tokens"],
+        max_prompts=max_prompts,
+        too_long=params.too_long,  # completions.too_long, as for the completions
+        stage=stage,
+    )
+    return tok, sets

@@ -8,7 +8,7 @@ one without: a point above and to the right is better on both axes.
 
 from __future__ import annotations
 
-from draftpipe.bench.benchmark import _pyplot, _save
+from draftpipe.bench.benchmark import pyplot, save_png
 from draftpipe.bench.serve import break_even
 
 
@@ -88,7 +88,7 @@ def plot_serve(serve: dict, out_png: str, *, dpi: int = 120, title: str = "") ->
     """A PNG of two panels: speedup (output tokens/s with / without the draft) against concurrency per prompt set,
     and output tokens/s against per-user tokens/s (``1000 / median TPOT``) with and without the draft, each point
     labelled with its concurrency."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -115,4 +115,4 @@ def plot_serve(serve: dict, out_png: str, *, dpi: int = 120, title: str = "") ->
     for ax in (ax1, ax2):
         ax.legend(fontsize=7)
     fig.suptitle(f"{title}: served, concurrency sweep".lstrip(": "), fontsize=10)
-    _save(plt, fig, out_png, dpi)
+    save_png(plt, fig, out_png, dpi)
