@@ -263,5 +263,5 @@ def test_the_smollm2_preset_is_a_valid_config():
     assert cfg["prompts"]["sources"][1] == {
         "path": "draftpipe/data/prompts/gsm8k_test.jsonl",
         "field": "question",
-        "max_records": 160,
+        "max_records": 240,
     }
