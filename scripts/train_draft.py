@@ -9,6 +9,10 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # noqa: F821
 from draftpipe.runtime.job import job
 
 with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the block ends normally
+    from draftpipe.core.layout import COMPILE_CACHE  # noqa: E402
+    from draftpipe.stages.draft.compile_cache import use_compile_cache  # noqa: E402
+
+    use_compile_cache(COMPILE_CACHE)  # before torch compiles anything: compiled kernels survive a rerun
     from draftpipe.core.gates import check_empty_masks, check_train_samples  # noqa: E402
     from draftpipe.core.io import atomic_path  # noqa: E402
     from draftpipe.core.layout import DIGEST_CACHE, SHARD_VALUE_CACHE, SOURCE_ROOT, results_dir_of, store_dir  # noqa: E402

@@ -122,8 +122,9 @@ def test_each_job_prints_a_summary_line_and_logs_its_progress(built):
     metrics = pd.read_csv(r / "draft/metrics.csv")
     assert (
         f"draft: 4 epoch(s), train loss {metrics['train_loss'].iloc[-1]:.4f}, val loss {metrics['val_loss'].iloc[-1]:.4f}, "
-        f"{int(metrics['train_steps'].sum())} steps"
+        f"{int(metrics['train_steps'].sum())} steps, eager loss"
     ) in console
+    assert set(metrics["loss_impl"]) == {"eager"}  # a CPU trains with speculators' eager loss
     log = (r / "logs/draft.log").read_text()
     for epoch in range(1, 5):
         assert re.search(rf"^draft epoch {epoch}/4: (\d+)/\1 steps \(100%\), .* ETA 0:00:00, loss [\d.]+$", log, re.M)

@@ -31,6 +31,15 @@ def test_epoch_metrics_average_steps_and_keep_validation():
     assert rows[1]["train_loss"] == 1.0 and rows[1]["train_steps"] == 1
 
 
+def test_epoch_metrics_carry_the_loss_implementation_of_each_epoch():
+    records = [
+        {"train": {"loss": 4.0}, "epoch": 0, "loss_impl": "fused"},
+        {"train": {"loss": 2.0}, "epoch": 1, "loss_impl": "eager-fallback"},
+        {"val": {"loss_epoch": 2.5}, "epoch": 1},
+    ]
+    assert [r.get("loss_impl") for r in epoch_metrics(records)] == ["fused", "eager-fallback"]
+
+
 def test_aux_ids_are_written_where_each_vllm_runner_reads_them():
     cfg = {
         "speculators_model_type": "eagle3",
@@ -165,3 +174,16 @@ def test_samples_longer_than_the_packed_batch_are_counted_and_never_a_step_of_lo
         accounting_line("validation", fits, 512)
         == "draft validation data: 2 samples, 30 tokens, 5 trained on per epoch"
     )
+
+
+def test_the_compile_caches_go_under_the_workflow_unless_the_user_chose(tmp_path):
+    from draftpipe.stages.draft.compile_cache import use_compile_cache
+
+    env = {"TRITON_CACHE_DIR": "/scratch/mine"}
+    chosen = use_compile_cache(tmp_path / "cc", env)
+    assert chosen == {
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cc" / "inductor"),
+        "TRITON_CACHE_AUTOTUNING": "1",
+    }
+    assert env["TRITON_CACHE_DIR"] == "/scratch/mine"  # the user's own is kept
+    assert use_compile_cache(tmp_path / "other", env) == {}  # a second call changes nothing

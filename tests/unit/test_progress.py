@@ -99,6 +99,12 @@ def test_the_summary_lines_of_the_jobs(tmp_path):
     csv = tmp_path / "metrics.csv"
     csv.write_text("epoch,train_loss,val_loss,train_steps\n0,0.5,0.6,14\n1,0.25,0.375,13\n")
     assert training_summary(csv) == "2 epoch(s), train loss 0.2500, val loss 0.3750, 27 steps"
+    csv.write_text("epoch,train_loss,train_steps,loss_impl\n0,0.5,14,fused\n")
+    assert training_summary(csv) == "1 epoch(s), train loss 0.5000, 14 steps, fused loss"
+    csv.write_text("epoch,train_loss,train_steps,loss_impl\n0,0.5,14,fused\n1,0.4,14,eager-fallback\n")
+    assert training_summary(csv) == (
+        "2 epoch(s), train loss 0.4000, 28 steps, eager loss: the fused Triton kernels failed their check (see the log)"
+    )
     csv.write_text("\n")
     assert training_summary(csv) == "no epoch trained"
     result = {"prompt_set": "eval", "temperature": 0.0, "acceptance_length": 1.575, "speedup": 1.2, "identical": True}

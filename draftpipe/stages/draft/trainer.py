@@ -164,6 +164,9 @@ class ResumableTrainer(Trainer):
     its own :meth:`train_epoch` and :meth:`val_epoch` replace speculators' one-batch-per-rank loop, which
     ties the global batch to the world size. Model set-up (DDP), optimizers and schedulers are speculators'."""
 
+    #: the loss implementation (:mod:`draftpipe.stages.draft.loss`), logged with each step when set
+    loss_impl: str | None = None
+
     def setup_trainer(self):
         """Place the trainer, then find the last complete checkpoint (speculators' setup reads the epoch and
         global step to continue from through :meth:`_load_training_state`)."""
@@ -294,8 +297,11 @@ class ResumableTrainer(Trainer):
             self._optimizers_step()
             self._schedulers_step()
             train = self._reduce(sums)
+            record = {"train": train, "epoch": epoch, "lr": lr, "global_step": self.global_step}
+            if self.loss_impl:
+                record["loss_impl"] = self.loss_impl
             metric_logger.info(
-                {"train": train, "epoch": epoch, "lr": lr, "global_step": self.global_step},
+                record,
                 extra={"step": self.global_step},
             )
             if bar is not None:

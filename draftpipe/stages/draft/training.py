@@ -7,7 +7,8 @@ speculators ``BaseDataset``; speculators' ``CollateFn`` packs samples into ``[1,
 that speculators' training CLI builds (``create_transformer_layer_config``), optionally with another ``head_dim``.
 Trainer: :class:`draftpipe.stages.draft.trainer.ResumableTrainer` (speculators' ``Trainer``); on machines without an accelerator the draft uses
 :mod:`draftpipe.stages.draft.attention` (``sdpa`` over only the attending columns) and the eager loss (the defaults, flex
-attention and a Triton loss, need a GPU; tiny-verifier §10).
+attention and a Triton loss, need a GPU; tiny-verifier §10). On a GPU the fused Triton loss runs outside the compiled
+forward, checked against the eager one before training (:mod:`draftpipe.stages.draft.loss`).
 
 Resumable training: after each epoch (training, then validation) the trainer writes a checkpoint directory
 ``<work_dir>/<epoch>/`` holding the speculators-format ``model.safetensors`` and ``config.json`` (bfloat16, what
@@ -40,6 +41,7 @@ from draftpipe.formats.vocab import read_maps
 from draftpipe.stages.draft import attention
 from draftpipe.stages.draft.checkpoint import TRAINING_STATE
 from draftpipe.stages.draft.data import ShardDataset, accounting_line
+from draftpipe.stages.draft.loss import training_loss
 from draftpipe.stages.draft.metrics import epoch_metrics
 from draftpipe.stages.draft.ranks import StepBatchSampler, check_batches_per_step, init_ranks, launch
 from draftpipe.stages.draft.settings import DraftSettings
@@ -220,6 +222,19 @@ def _datasets(shards, s: DraftSettings, hs_dtype, spool: Spool | None):
     )
 
 
+def _training_loss(spec: str, on_gpu: bool, draft_vocab_size: int):
+    """:func:`draftpipe.stages.draft.loss.training_loss` on this rank's device (set by ``init_ranks``)."""
+    import torch
+
+    acc = torch.accelerator.current_accelerator()
+    return training_loss(
+        spec,
+        on_gpu,
+        draft_vocab_size,
+        torch.device(acc.type, torch.accelerator.current_device_index()) if on_gpu else None,
+    )
+
+
 def _train_here(
     verifier_dir,
     shards,
@@ -232,7 +247,6 @@ def _train_here(
 ):
     """:func:`train_draft` in this process (one rank, or one of several under torchrun)."""
     import torch
-    from speculators.losses import resolve_loss_config
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import CollateFn
     from speculators.train.trainer import TrainerConfig
@@ -249,13 +263,14 @@ def _train_here(
         spool.start()  # the engine loads while the draft is built
     d2t, t2d, vd = read_maps(vocab_maps)
     attn = attention_implementation(on_gpu)
-    loss_impl = "fused" if on_gpu else "eager"
     model = build_draft(verifier_dir, aux_ids, d2t, t2d, vd, s, attn)
     hidden_size = model.config.transformer_layer_config.hidden_size
     rank, size = current_rank(), world_size()
+    loss = _training_loss(s.loss_fn, on_gpu, vd)
     if rank == 0:
         for split, ds in (("train", train_ds), ("validation", val_ds)):
             print(accounting_line(split, ds.accounting, s.total_seq_len), flush=True)
+        print(loss.log_line(), flush=True)
 
     def loader(ds):
         # speculators' collation; the batches of each step from StepBatchSampler (speculators' multipack packing)
@@ -275,7 +290,7 @@ def _train_here(
     call_kw = {
         "ttt_steps": s.ttt_steps,
         "ttt_step_loss_decay": s.ttt_step_loss_decay,
-        "loss_config": resolve_loss_config(s.loss_fn, loss_impl),
+        "loss_config": loss.config,
     }
     cfg = TrainerConfig(
         lr=s.lr,
@@ -292,6 +307,7 @@ def _train_here(
         checkpoint_freq=1 if checkpoints_per_epoch <= 1 else 1 / checkpoints_per_epoch,
     )
     trainer = ResumableTrainer(model, cfg, train_loader, val_loader)
+    trainer.loss_impl = loss.implementation  # logged with every step: metrics.csv's loss_impl column
     if spool is not None:  # the steps still to train, from the resume point the trainer found
         samplers = [ld.batch_sampler if ld is not None else None for ld in (train_loader, val_loader)]
         spool.publish(

@@ -1,0 +1,119 @@
+"""The draft's training loss (draftpipe.stages.draft.loss): the implementation by device, the agreement check that
+guards the fused kernels, and the wrapper that keeps a loss out of the compiled draft forward. The Triton kernels
+themselves need a GPU: ``benchmarks/gpu_train.py`` checks them there against the eager loss."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from speculators.losses import eager as speculators_eager
+from speculators.losses import resolve_loss_config
+
+from draftpipe.stages.draft.loss import (
+    EAGER,
+    FALLBACK,
+    FUSED,
+    TrainingLoss,
+    check_agreement,
+    outside_compile,
+    training_loss,
+)
+
+
+def test_a_cpu_trains_with_speculators_eager_loss():
+    loss = training_loss('{"kl_div": 0.9, "tv": 0.1}', on_gpu=False, vocab_size=32)
+    assert loss.implementation == EAGER
+    assert loss.config == resolve_loss_config('{"kl_div": 0.9, "tv": 0.1}', "eager")
+    assert loss.log_line() == "draft loss: kl_div x0.9, tv x0.1, eager (no accelerator: Triton kernels need a GPU)"
+    with pytest.raises(ValueError, match="Unknown loss function 'kl'"):
+        training_loss("kl", on_gpu=False, vocab_size=32)
+
+
+def test_the_agreement_check_passes_the_same_loss_and_names_a_different_one():
+    eager = resolve_loss_config("kl_div", "eager")
+    assert check_agreement(eager, eager, vocab_size=100, device="cpu") is None
+    # the loss values of a wrong kernel: reverse KL where KL was asked for
+    wrong = {"kl_div": (speculators_eager.reverse_kl_div_loss, 1.0)}
+    assert check_agreement(wrong, eager, vocab_size=100, device="cpu").startswith("kl_div: losses differ by up to ")
+    # equal losses, wrong gradients: the right values with half the gradient
+    half = {"kl_div": (lambda x, t: speculators_eager.kl_div_loss(0.5 * x + 0.5 * x.detach(), t), 1.0)}
+    assert check_agreement(half, eager, vocab_size=100, device="cpu").startswith("kl_div: gradients differ by up to ")
+
+
+def test_a_kernel_that_raises_is_reported_not_raised():
+    def broken(logits, targets):
+        raise RuntimeError("Fused losses require Triton; use --loss-implementation eager\nsecond line")
+
+    eager = resolve_loss_config("kl_div", "eager")
+    assert check_agreement({"kl_div": (broken, 1.0)}, eager, vocab_size=16, device="cpu") == (
+        "kl_div: RuntimeError: Fused losses require Triton; use --loss-implementation eager"
+    )
+    with pytest.raises(ValueError, match="the loss configs differ"):
+        check_agreement(resolve_loss_config("tv", "eager"), eager, vocab_size=16, device="cpu")
+    fallback = TrainingLoss(eager, FALLBACK, "kl_div: RuntimeError: no Triton")
+    assert fallback.log_line().startswith("WARNING draft loss: kl_div x1, eager: the fused Triton kernels failed")
+    assert TrainingLoss(eager, FUSED).log_line().endswith("fused Triton kernels (run outside the compiled forward)")
+
+
+def test_a_loss_outside_compile_is_not_traced_and_gives_the_same_values_and_gradients():
+    """The wrapper makes Dynamo end the graph at the loss call (the break reason names torch.compiler.disable) and
+    run the loss as it is: losses and gradients equal the uncompiled ones."""
+    config = resolve_loss_config("kl_div", "eager")
+    wrapped = outside_compile(config)
+    gen = torch.Generator().manual_seed(0)
+    logits, targets = torch.randn(1, 12, 40, generator=gen), torch.randn(1, 12, 40, generator=gen)
+
+    def step(cfg, x):
+        fn, weight = cfg["kl_div"]
+        hidden = torch.tanh(x) * 2.0  # compiled work before and after the loss
+        return (weight * fn(hidden, targets)).mean() + 0.1 * hidden.square().mean()
+
+    torch._dynamo.reset()
+    traced = torch._dynamo.explain(lambda x: step(config, x))(logits)
+    torch._dynamo.reset()
+    kept_out = torch._dynamo.explain(lambda x: step(wrapped, x))(logits)
+    assert traced.graph_break_count == 0
+    assert kept_out.graph_break_count == 1
+    assert "torch.compiler.disable" in str(kept_out.break_reasons[0].reason)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: step(wrapped, x), backend="aot_eager")
+    grads = []
+    for fn in (lambda x: step(config, x), compiled):
+        x = logits.clone().requires_grad_(True)
+        value = fn(x)
+        value.backward()
+        grads.append((value.detach(), x.grad))
+    torch.testing.assert_close(grads[1][0], grads[0][0])
+    torch.testing.assert_close(grads[1][1], grads[0][1])
+    assert float(grads[0][0]) > 0.1  # a real loss, not zero
+
+
+def test_the_gpu_benchmark_counts_the_flops_of_an_8b_draft_step():
+    """benchmarks/gpu_train.py's count for Llama-3.1-8B (hidden 4096, 32 heads of 128, 8 KV heads, MLP 14336; draft
+    vocab 32000, 3 aux layers, 3 TTT steps): the decoder layer reads 2 x 4096 and holds 243.3M weights."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_train.py"
+    spec = importlib.util.spec_from_file_location("gpu_train", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg, head_dim = bench.preset_config("llama-3.1-8b-instruct")
+    assert (cfg["hidden_size"], cfg["num_key_value_heads"], head_dim) == (4096, 8, None)
+    flops = bench.flops_per_token(cfg, head_dim, 32000, 3, 3)
+    layer = 8192 * 4096 + 2 * 8192 * 1024 + 4096 * 4096 + 3 * 4096 * 14336
+    assert layer == 243_269_632
+    assert flops["decoder"] == 6 * 3 * layer
+    assert flops["fc"] == 4 * 3 * 4096 * 4096
+    assert flops["draft_lm_head"] == 4 * 3 * 4096 * 32000
+    assert flops["verifier_head"] == 2 * 4096 * 32000
+    assert flops["total"] == 6_415_187_968  # 6.4 GFLOP per token
+    kimi, kimi_head_dim = bench.preset_config("kimi-k2.5")  # the text model of the multimodal config, head_dim 128
+    assert (kimi["hidden_size"], kimi["vocab_size"], kimi_head_dim) == (7168, 163840, 128)
+    assert bench.peak_tflops("NVIDIA H200 NVL", None) == 835.5
+    assert bench.peak_tflops("NVIDIA H200", None) == 989.4
+    assert bench.peak_tflops("NVIDIA H200", 790.0) == 790.0
+    assert bench.peak_tflops("Some GPU", None) is None
+    assert json.loads(json.dumps(flops)) == flops
