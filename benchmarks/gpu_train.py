@@ -17,8 +17,9 @@ The parts (``--parts``, comma-separated; all by default):
   table :data:`PEAK_BF16_TFLOPS`). Each attention of ``--attention`` with the fused loss, and flex attention with
   the eager loss (the ratio the fused loss buys).
 - ``trainers``: the product's trainer (:class:`draftpipe.stages.draft.trainer.ResumableTrainer`) against
-  speculators' own loop (``speculators.train.trainer.Trainer``) on the same draft, batches and loss: the wall time
-  of the second epoch (the first compiles) of each, as a ratio.
+  speculators' own loop (``speculators.train.trainer.Trainer`` with its defaults: it logs every step, as the
+  product does) on the same draft, batches and loss: the wall time of the second epoch (the first compiles) of
+  each, as a ratio (above 1: the product's is faster).
 - ``product``: :func:`draftpipe.stages.draft.training.train_draft` as the draft job calls it (1 rank, the defaults),
   2 epochs, then the export and the compat checker on it.
 - ``torchrun``: the same under ``torchrun --nproc_per_node 1`` (NCCL on a GPU), with DDP and with FSDP: each run is
@@ -291,7 +292,7 @@ def compare_trainers(data, head_dim, seq, device, work: Path) -> dict:
         steps = loader.batch_sampler.steps
         cfg = TrainerConfig(lr=1e-4, num_epochs=2, save_path=str(work / f"trainer_{name}"), train_call_kwargs=kw,
                             val_call_kwargs=kw, scheduler_total_steps=2 * steps, hidden_states_dtype=dtype,
-                            resume_from_checkpoint=False, log_freq=10**9)  # fmt: skip
+                            resume_from_checkpoint=False)  # fmt: skip
         trainer = cls(model, cfg, loader, None)
         epochs = []
         for epoch in range(2):

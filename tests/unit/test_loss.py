@@ -117,3 +117,35 @@ def test_the_gpu_benchmark_counts_the_flops_of_an_8b_draft_step():
     assert bench.peak_tflops("NVIDIA H200", 790.0) == 790.0
     assert bench.peak_tflops("Some GPU", None) is None
     assert json.loads(json.dumps(flops)) == flops
+
+
+def test_the_check_in_bfloat16_allows_its_rounding_and_no_more():
+    """On a GPU the check runs in bfloat16, the dtype of the draft's logits: the same loss computed through another
+    float32 path (a different summation) passes; a gradient 2% off does not."""
+    eager = resolve_loss_config("kl_div", "eager")
+
+    def reordered(logits, targets):  # KL(t || softmax(x)) by its own formula, float32
+        logp = logits.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)
+        t = torch.softmax(targets.float(), dim=-1)
+        return (t * (torch.log(t.clamp_min(1e-30)) - logp)).sum(-1)
+
+    def scaled(logits, targets):  # the right loss values, 2% more gradient
+        x = 1.02 * logits.float() - 0.02 * logits.float().detach()
+        return speculators_eager.kl_div_loss(x, targets)
+
+    kw = {"vocab_size": 512, "device": "cpu", "rows": 32, "dtype": torch.bfloat16}
+    assert check_agreement({"kl_div": (reordered, 1.0)}, eager, **kw) is None
+    assert check_agreement({"kl_div": (scaled, 1.0)}, eager, **kw).startswith("kl_div: gradients differ")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU speculators' Triton kernels run")
+def test_fused_kernels_that_cannot_run_fall_back_to_the_eager_loss():
+    """Asked for the GPU path on a machine where Triton has no driver, speculators' real fused kernels fail inside
+    the check: the draft would train with the eager loss, and the reason is kept for the log."""
+    loss = training_loss("kl_div", on_gpu=True, vocab_size=64, device="cpu")
+    assert loss.implementation == FALLBACK
+    assert loss.config == resolve_loss_config("kl_div", "eager")
+    assert loss.reason.startswith("kl_div: RuntimeError: ")
+    assert loss.log_line() == (
+        f"WARNING draft loss: kl_div x1, eager: the fused Triton kernels failed their check ({loss.reason})"
+    )

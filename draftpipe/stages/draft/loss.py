@@ -18,8 +18,8 @@ result does not depend on what a torch version can trace. This is how speculator
 mask builder (``speculators.models.eagle3.attention``). The loss values and gradients are the kernels' own.
 
 Before training, :func:`training_loss` checks the fused implementation against the eager one
-(:func:`check_agreement`) on a small random problem of the draft's vocabulary. The check also autotunes the kernels
-for that vocabulary. A kernel that raises or disagrees is not trained with: the draft trains with the eager loss,
+(:func:`check_agreement`) on a random bfloat16 problem of 1,024 positions of the draft's vocabulary. The check also
+autotunes the kernels for that vocabulary (speculators keys the tuning on the vocabulary width and the loss). A kernel that raises or disagrees is not trained with: the draft trains with the eager loss,
 the log says why in a WARNING line, and ``metrics.csv`` says ``eager-fallback`` in its ``loss_impl`` column.
 On a CPU (Triton has no CPU backend) the loss is the eager one, as before.
 """
@@ -71,15 +71,19 @@ def check_agreement(
     vocab_size: int,
     device,
     rows: int = 64,
+    dtype=None,
     rtol: float = 1e-3,
     atol: float = 1e-4,
 ) -> str | None:
     """Compare two ``LossConfig`` of the same losses on one random problem: ``None`` when they agree, else why not.
 
-    For each loss, both functions get the same float32 logits and targets ``[1, rows, vocab_size]`` (standard
-    normal, scaled by 4, seed 0) on ``device``; their per-position losses ``[1, rows]`` and the gradients with
-    respect to the logits (of the summed loss) must agree within ``rtol``/``atol`` (``torch.allclose``). An exception
-    of the candidate (a kernel that does not compile or launch) is reported, not raised.
+    For each loss, both functions get the same logits and targets ``[1, rows, vocab_size]`` of ``dtype`` (default
+    float32; standard normal, scaled by 4, seed 0) on ``device``. Their per-position losses ``[1, rows]`` (float32)
+    must agree within ``rtol``/``atol`` (``torch.allclose``), and so must the gradients of the summed loss with
+    respect to the logits, which come in ``dtype``: for a dtype coarser than float32 the gradients' ``rtol`` is at
+    least two units of its rounding (``2 * torch.finfo(dtype).eps``), what two correct implementations rounding the
+    same float32 value may differ by. An exception of the candidate (a kernel that does not compile or launch) is
+    reported, not raised.
 
     Raises:
         ValueError: the two configs do not name the same losses.
@@ -88,9 +92,11 @@ def check_agreement(
 
     if list(candidate) != list(reference):
         raise ValueError(f"the loss configs differ: {sorted(candidate)} against {sorted(reference)}")
+    dtype = dtype or torch.float32
+    grad_rtol = max(rtol, 2 * torch.finfo(dtype).eps)
     gen = torch.Generator(device="cpu").manual_seed(0)
-    logits = (torch.randn(1, rows, vocab_size, generator=gen) * 4).to(device)
-    targets = (torch.randn(1, rows, vocab_size, generator=gen) * 4).to(device)
+    logits = (torch.randn(1, rows, vocab_size, generator=gen) * 4).to(device=device, dtype=dtype)
+    targets = (torch.randn(1, rows, vocab_size, generator=gen) * 4).to(device=device, dtype=dtype)
     for name in reference:
         out = []
         for fns in (candidate, reference):
@@ -106,9 +112,14 @@ def check_agreement(
             return f"{name}: loss shape {tuple(loss_c.shape)} against {tuple(loss_r.shape)}"
         if not torch.allclose(loss_c, loss_r, rtol=rtol, atol=atol):
             return f"{name}: losses differ by up to {float((loss_c - loss_r).abs().max()):.3g}"
-        if not torch.allclose(grad_c, grad_r, rtol=rtol, atol=atol):
+        if not torch.allclose(grad_c, grad_r, rtol=grad_rtol, atol=atol):
             return f"{name}: gradients differ by up to {float((grad_c - grad_r).abs().max()):.3g}"
     return None
+
+
+#: the check's problem on a GPU: the draft's logits dtype under autocast, and enough rows (one Triton program
+#: each) that the autotuning it triggers, keyed on the vocabulary alone, times tiles as training will run them
+GPU_CHECK_ROWS = 1024
 
 
 def training_loss(spec: str, on_gpu: bool, vocab_size: int, device=None, prefer: str = "auto") -> TrainingLoss:
@@ -124,6 +135,7 @@ def training_loss(spec: str, on_gpu: bool, vocab_size: int, device=None, prefer:
     Raises:
         ValueError: ``spec`` names no speculators loss (speculators' message), or ``prefer`` is unknown.
     """
+    import torch
     from speculators.losses import resolve_loss_config
 
     eager = resolve_loss_config(spec, "eager")
@@ -135,7 +147,9 @@ def training_loss(spec: str, on_gpu: bool, vocab_size: int, device=None, prefer:
         return TrainingLoss(eager, EAGER, "no accelerator: Triton kernels need a GPU")
     # speculators imports its Triton kernels at the first call: a missing Triton fails inside the check
     fused = outside_compile(resolve_loss_config(spec, FUSED))
-    problem = check_agreement(fused, eager, vocab_size, device or "cuda")
+    problem = check_agreement(fused, eager, vocab_size, device or "cuda", GPU_CHECK_ROWS, torch.bfloat16)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the check's [1024, vocab] tensors go back to the device before the draft comes
     if problem is not None:
         return TrainingLoss(eager, FALLBACK, problem)
     return TrainingLoss(fused, FUSED)
