@@ -30,8 +30,9 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         settings = CompletionSettings.from_params(p.sampling, p.max_model_len, p.chat_template, template_file)
 
         def compute(tasks):
+            records = [read_jsonl(t.inputs[0]) for t in tasks]
             # the tokenizer gate: a tokenizer that does not give the prompts back stops the stage before its engine
-            n = sum(completions.tokenizer_gate(p.verifier, read_jsonl(t.inputs[0]), template_file) for t in tasks)
+            n = sum(completions.tokenizer_gate(p.verifier, recs, template_file) for recs in records)
             print(f"tokenizer gate: {n} prompt texts come back from the verifier's tokenizer unchanged", flush=True)
             llm = open_engine(
                 p.verifier,
@@ -39,11 +40,14 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
                 max_model_len=p.max_model_len,
                 seed=settings.seed,
                 engine=engine_parallelism(snakemake.resources.gpu),
+                # a shard's requests go in together: each may hold up to max_model_len tokens
+                concurrent_tokens=max(map(len, records)) * settings.samples_per_prompt * p.max_model_len,
+                job_mem_mb=snakemake.resources.get("mem_mb"),
             )
-            for task in tasks:
+            for task, recs in zip(tasks, records):
                 rows, stats = completions.complete(
                     llm,
-                    read_jsonl(task.inputs[0]),
+                    recs,
                     verifier=p.verifier,
                     settings=settings,
                     progress=f"completions shard {task.shard}",

@@ -355,3 +355,29 @@ def resolve_gguf_head_dim(requested: int | None, model_head_dim: int, field: str
             "or null for what the model needs"
         )
     return requested
+
+
+def kv_cache_bytes_per_token(verifier_config: dict, dtype_bytes: int = 2, tensor_parallel: int = 1) -> int | None:
+    """Bytes of vLLM's KV cache per token on one GPU, from a verifier's ``config.json`` (its ``text_config`` for a
+    multimodal wrapper such as Kimi-K2.5's).
+
+    - MLA (DeepSeek-V3 family, ``kv_lora_rank`` set): ``layers x (kv_lora_rank + qk_rope_head_dim) x bytes``, the
+      compressed latent that every GPU holds whole (vLLM replicates the MLA cache under tensor parallelism);
+    - otherwise: ``layers x 2 x kv_heads x head_dim x bytes / tp`` (K and V, heads sharded over the GPUs; at
+      least one head per GPU), ``head_dim`` defaulting to ``hidden_size // num_attention_heads``.
+
+    Returns:
+        None when the config lacks the fields.
+    """
+    cfg = text_config(verifier_config)
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        if is_mla_config(cfg):
+            return layers * (int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)) * dtype_bytes
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError):
+        return None
+    per_gpu_heads = max(1, -(-kv_heads // max(1, tensor_parallel)))
+    return layers * 2 * per_gpu_heads * head_dim * dtype_bytes

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from draftpipe.core.gpus import draft_world_size
-from draftpipe.formats.verifier import is_mla_config, text_config
+from draftpipe.formats.verifier import kv_cache_bytes_per_token
 from draftpipe.workflow.storage import parse_bytes, stream_gpu_memory
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
@@ -36,32 +36,6 @@ def count_source(path: str) -> tuple[int, int]:
     if base == ".json":
         return len(json.loads(data)), len(data)
     return sum(1 for line in data.splitlines() if line.strip()), len(data)
-
-
-def kv_cache_bytes_per_token(verifier_config: dict, dtype_bytes: int = 2, tensor_parallel: int = 1) -> int | None:
-    """Bytes of vLLM's KV cache per token on one GPU, from a verifier's ``config.json`` (its ``text_config`` for a
-    multimodal wrapper such as Kimi-K2.5's).
-
-    - MLA (DeepSeek-V3 family, ``kv_lora_rank`` set): ``layers x (kv_lora_rank + qk_rope_head_dim) x bytes``, the
-      compressed latent that every GPU holds whole (vLLM replicates the MLA cache under tensor parallelism);
-    - otherwise: ``layers x 2 x kv_heads x head_dim x bytes / tp`` (K and V, heads sharded over the GPUs; at
-      least one head per GPU), ``head_dim`` defaulting to ``hidden_size // num_attention_heads``.
-
-    Returns:
-        None when the config lacks the fields.
-    """
-    cfg = text_config(verifier_config)
-    try:
-        layers = int(cfg["num_hidden_layers"])
-        if is_mla_config(cfg):
-            return layers * (int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)) * dtype_bytes
-        heads = int(cfg["num_attention_heads"])
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    except (KeyError, TypeError, ValueError):
-        return None
-    per_gpu_heads = max(1, -(-kv_heads // max(1, tensor_parallel)))
-    return layers * 2 * per_gpu_heads * head_dim * dtype_bytes
 
 
 def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: dict | None = None) -> dict:

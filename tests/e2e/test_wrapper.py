@@ -55,9 +55,9 @@ def pair(tiny_verifier, tmp_path_factory):
 def test_config_check_plan_and_report_read_the_text_model(pair):
     from draftpipe.checks.compat.live import live_unsupported
     from draftpipe.checks.compat.reading import verifier_text_config as load_verifier_config
+    from draftpipe.formats.verifier import kv_cache_bytes_per_token
     from draftpipe.formats.verifier import load_verifier_config as read_config
     from draftpipe.workflow.config import check_config, verifier_shape
-    from draftpipe.workflow.plan import kv_cache_bytes_per_token
 
     text, wrapped = pair
     shapes = [verifier_shape({"kind": "local", "path": str(d)}) for d in pair]

