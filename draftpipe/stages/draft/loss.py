@@ -6,10 +6,10 @@ called from inside the draft's compiled forward (``Eagle3DraftModel.forward`` is
 present, ``speculators.models.utils.conditional_torch_compile``). Dynamo then traces the kernels' launch, autotuner
 and ``early_config_prune`` callback included. With torch 2.11 that trace fails at the first step
 (``AssertionError: ListVariable(length=21) is already tracked for mutation ... loss_backward_kernel.configs``).
-The cause, read from the sources: the forward and backward kernels are decorated by one ``triton.autotune`` object,
-so both autotuners hold one list of 21 tile configs (``loss_forward_kernel.configs is loss_backward_kernel.configs``),
-and Dynamo, which traces an ``autograd.Function``'s forward and backward together, meets that list a second time
-under another source.
+The likely cause, read from the sources (reproducing it needs a GPU): the forward and backward kernels are decorated
+by one ``triton.autotune`` object, so both autotuners hold one list of 21 tile configs
+(``loss_forward_kernel.configs is loss_backward_kernel.configs``), and Dynamo, which traces an ``autograd.Function``'s
+forward and backward together, meets that list a second time under another source.
 
 What this module does about it: the fused loss functions run outside the compiled region
 (:func:`outside_compile`, ``torch.compiler.disable``). Dynamo ends the graph before the loss call, the kernels run
@@ -19,8 +19,9 @@ mask builder (``speculators.models.eagle3.attention``). The loss values and grad
 
 Before training, :func:`training_loss` checks the fused implementation against the eager one
 (:func:`check_agreement`) on a random bfloat16 problem of 1,024 positions of the draft's vocabulary. The check also
-autotunes the kernels for that vocabulary (speculators keys the tuning on the vocabulary width and the loss). A kernel that raises or disagrees is not trained with: the draft trains with the eager loss,
-the log says why in a WARNING line, and ``metrics.csv`` says ``eager-fallback`` in its ``loss_impl`` column.
+autotunes the kernels for that vocabulary (speculators keys the tuning on the vocabulary width and the loss). A
+kernel that raises or disagrees is not trained with: the draft trains with the eager loss, the log says why in a
+WARNING line, and ``metrics.csv`` says ``eager-fallback`` in its ``loss_impl`` column.
 On a CPU (Triton has no CPU backend) the loss is the eager one, as before.
 """
 
