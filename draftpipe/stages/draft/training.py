@@ -222,19 +222,6 @@ def _datasets(shards, s: DraftSettings, hs_dtype, spool: Spool | None):
     )
 
 
-def _training_loss(spec: str, on_gpu: bool, draft_vocab_size: int):
-    """:func:`draftpipe.stages.draft.loss.training_loss` on this rank's device (set by ``init_ranks``)."""
-    import torch
-
-    acc = torch.accelerator.current_accelerator()
-    return training_loss(
-        spec,
-        on_gpu,
-        draft_vocab_size,
-        torch.device(acc.type, torch.accelerator.current_device_index()) if on_gpu else None,
-    )
-
-
 def _train_here(
     verifier_dir,
     shards,
@@ -266,7 +253,7 @@ def _train_here(
     model = build_draft(verifier_dir, aux_ids, d2t, t2d, vd, s, attn)
     hidden_size = model.config.transformer_layer_config.hidden_size
     rank, size = current_rank(), world_size()
-    loss = _training_loss(s.loss_fn, on_gpu, vd)
+    loss = training_loss(s.loss_fn, on_gpu, vd)
     if rank == 0:
         for split, ds in (("train", train_ds), ("validation", val_ds)):
             print(accounting_line(split, ds.accounting, s.total_seq_len), flush=True)
