@@ -1,8 +1,15 @@
 """The draft's training loss (draftpipe.stages.draft.loss): the implementation by device, the agreement check that
-guards the fused kernels, and the wrapper that keeps a loss out of the compiled draft forward. The Triton kernels
-themselves need a GPU: ``benchmarks/gpu_train.py`` checks them there against the eager loss."""
+guards the fused kernels, and the wrapper that keeps a loss out of the compiled draft forward. speculators' Triton
+kernels run here through Triton's interpreter (``TRITON_INTERPRET=1``, numpy on the CPU: the kernels' own code, not
+their GPU compilation); ``benchmarks/gpu_train.py`` checks them compiled on a GPU against the eager loss."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -149,3 +156,68 @@ def test_fused_kernels_that_cannot_run_fall_back_to_the_eager_loss():
     assert loss.log_line() == (
         f"WARNING draft loss: kl_div x1, eager: the fused Triton kernels failed their check ({loss.reason})"
     )
+
+
+#: run in a child process: TRITON_INTERPRET is read when ``triton.jit`` decorates a kernel, which speculators does on
+#: its first fused call (perhaps already made in this process). Triton's autotuner times its tiles with the GPU
+#: driver's benchmarker; the child gives it a CPU clock instead (which tile wins changes nothing but speed).
+INTERPRETED = """
+import json, time, torch
+from speculators.losses import fused, resolve_loss_config
+from speculators.losses.utils import _FUSED_LOSS_FN_MAP
+from draftpipe.stages.draft.loss import check_agreement, outside_compile, training_loss
+
+def cpu_clock(kernel_call, quantiles):
+    start = time.perf_counter()
+    kernel_call()
+    return [(time.perf_counter() - start) * 1e3 for _ in quantiles]
+
+for kernel in (fused.loss_forward_kernel, fused.loss_backward_kernel):
+    kernel.do_bench = cpu_clock
+out = {"checks": {}}
+for name in sorted(_FUSED_LOSS_FN_MAP):
+    candidate = outside_compile(resolve_loss_config(name, "fused"))
+    out["checks"][name] = check_agreement(candidate, resolve_loss_config(name, "eager"), 1000, "cpu", 32, torch.bfloat16)
+# the kernels' own values, not a copy of the eager loss: their error against a float64 KL is float32's
+x, t = torch.randn(1, 8, 1000, dtype=torch.float64) * 4, torch.randn(1, 8, 1000, dtype=torch.float64) * 4
+exact = (torch.softmax(t, -1) * (torch.log_softmax(t, -1) - torch.log_softmax(x, -1))).sum(-1)
+kl_fused = resolve_loss_config("kl_div", "fused")["kl_div"][0](x.float(), t.float())
+out["kl_error"] = float((kl_fused.double() - exact).abs().max())
+out["kl_error_eager"] = float((resolve_loss_config("kl_div", "eager")["kl_div"][0](x.float(), t.float()).double() - exact).abs().max())
+# the product's choice on the GPU path, and the chosen loss inside a compiled step against the eager one
+loss = training_loss("kl_div", on_gpu=True, vocab_size=64, device="cpu")
+out["implementation"], out["reason"] = loss.implementation, loss.reason
+logits, targets = torch.randn(1, 16, 300) * 3, torch.randn(1, 16, 300) * 3
+results = []
+for cfg, compile_it in ((loss.config, True), (resolve_loss_config("kl_div", "eager"), False)):
+    step = lambda z, cfg=cfg: cfg["kl_div"][0](torch.tanh(z) * 4, targets).mean() + 0.1 * z.square().mean()
+    step = torch.compile(step, backend="aot_eager") if compile_it else step
+    z = logits.clone().requires_grad_(True)
+    value = step(z)
+    value.backward()
+    results.append((value.detach(), z.grad))
+out["compiled_loss"] = [float(r[0]) for r in results]
+out["compiled_grad_diff"] = float((results[0][1] - results[1][1]).abs().max())
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_speculators_fused_kernels_agree_with_its_eager_losses_in_the_triton_interpreter():
+    """speculators' fused kernels, interpreted on the CPU: every loss passes the agreement check in bfloat16 (``ce``
+    failed it before the reference ran in float32: its eager loss rounded to bfloat16 where the kernel and training
+    under autocast keep float32), the check makes ``training_loss`` choose them on the GPU path, and outside the
+    compiled region they give the eager values and gradients."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(INTERPRETED)], env=env, capture_output=True, text=True, timeout=600
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    out = json.loads(lines[-1].removeprefix("RESULT "))
+    assert set(out["checks"]) >= {"ce", "jsd", "kl_div", "rkl", "tv"}
+    assert out["checks"] == {name: None for name in out["checks"]}
+    assert out["kl_error"] < 1e-4 and out["kl_error_eager"] < 1e-4
+    assert (out["implementation"], out["reason"]) == (FUSED, "")
+    assert out["compiled_loss"][0] == pytest.approx(out["compiled_loss"][1], rel=1e-5)
+    assert out["compiled_loss"][1] > 0.5
+    assert out["compiled_grad_diff"] < 1e-6

@@ -78,13 +78,15 @@ def check_agreement(
 ) -> str | None:
     """Compare two ``LossConfig`` of the same losses on one random problem: ``None`` when they agree, else why not.
 
-    For each loss, both functions get the same logits and targets ``[1, rows, vocab_size]`` of ``dtype`` (default
-    float32; standard normal, scaled by 4, seed 0) on ``device``. Their per-position losses ``[1, rows]`` (float32)
-    must agree within ``rtol``/``atol`` (``torch.allclose``), and so must the gradients of the summed loss with
-    respect to the logits, which come in ``dtype``: for a dtype coarser than float32 the gradients' ``rtol`` is at
-    least two units of its rounding (``2 * torch.finfo(dtype).eps``), what two correct implementations rounding the
-    same float32 value may differ by. An exception of the candidate (a kernel that does not compile or launch) is
-    reported, not raised.
+    The candidate gets logits and targets ``[1, rows, vocab_size]`` of ``dtype`` (default float32; standard normal,
+    scaled by 4, seed 0) on ``device``; the reference gets the same values in float32. That is how the reference runs
+    in training, where autocast computes the eager losses in float32 from the draft's bfloat16 logits; given bfloat16
+    itself, an eager loss that keeps its input's dtype (``ce``: ``cross_entropy``) would round its result to bfloat16
+    and fail a correct kernel. Their per-position losses ``[1, rows]`` must agree within ``rtol``/``atol``
+    (``torch.allclose``, in float32), and so must the gradients of the summed loss with respect to the logits: the
+    candidate's come in ``dtype``, so for a dtype coarser than float32 the gradients' ``rtol`` is at least two units
+    of its rounding (``2 * torch.finfo(dtype).eps``). An exception of the candidate (a kernel that does not compile or
+    launch) is reported, not raised.
 
     Raises:
         ValueError: the two configs do not name the same losses.
@@ -100,10 +102,10 @@ def check_agreement(
     targets = (torch.randn(1, rows, vocab_size, generator=gen) * 4).to(device=device, dtype=dtype)
     for name in reference:
         out = []
-        for fns in (candidate, reference):
-            x = logits.clone().requires_grad_(True)
+        for fns, kind in ((candidate, dtype), (reference, torch.float32)):
+            x = logits.to(kind, copy=True).requires_grad_(True)
             try:
-                loss = fns[name][0](x, targets)
+                loss = fns[name][0](x, targets.to(kind))
                 loss.sum().backward()
             except Exception as err:  # noqa: BLE001 - any failure of the candidate kernel is the answer
                 return f"{name}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
