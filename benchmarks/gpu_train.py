@@ -10,7 +10,8 @@ of vLLM's default, a draft vocabulary of 32,000 (the draft settings of ``configs
 The parts (``--parts``, comma-separated; all by default):
 
 - ``loss``: the loss the draft job chooses (:func:`draftpipe.stages.draft.loss.training_loss`): the fused Triton
-  kernels checked against speculators' eager loss on the device, and the time that check takes (it autotunes).
+  kernels checked against speculators' eager loss on the device, and the time that check takes (it autotunes);
+  then the check's verdict on each of speculators' other fused losses (``ce``, ``jsd``, ``rkl``, ``tv``, ...).
 - ``steps``: one training step in a loop (AdamW, bfloat16 autocast, 3 TTT steps, ``--seq`` tokens): tokens/s
   (median of the timed steps), the first step's time (compilation), peak memory, and the model FLOPs per token
   this script counts (:func:`flops_per_token`) as a fraction of the device's peak (``--peak-tflops``, else the
@@ -425,13 +426,23 @@ def run_part(key: str, out: Path, fn, *args) -> None:
 
 
 def loss_part(vocab: int, device: str) -> dict:
-    """The loss the draft job would choose here, and how long choosing took (the check and autotuning)."""
+    """The loss the draft job would choose here, and how long choosing took (the check and autotuning); then every
+    other loss speculators fuses, each through the same check (``None``: the kernel agrees with the eager loss)."""
+    from speculators.losses.utils import _FUSED_LOSS_FN_MAP
+
     from draftpipe.stages.draft.loss import training_loss
 
+    on_gpu = device.startswith("cuda")
     t0 = time.perf_counter()
-    chosen = training_loss("kl_div", device.startswith("cuda"), vocab, device)
-    return {"implementation": chosen.implementation, "reason": chosen.reason,
-            "check_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    chosen = training_loss("kl_div", on_gpu, vocab, device)
+    result = {"implementation": chosen.implementation, "reason": chosen.reason,
+              "check_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    result["others"] = {
+        name: training_loss(name, on_gpu, vocab, device).reason or None
+        for name in sorted(_FUSED_LOSS_FN_MAP)
+        if name != "kl_div"
+    }
+    return result
 
 
 def run_preset(preset: str, a, parts: set, grid: bool, pwork: Path, peak: float | None, out: Path) -> None:
