@@ -76,6 +76,7 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
             fsdp=job_s.fsdp,
             nodes=job_s.nodes,
             stream=stream,
+            loss_implementation=job_s.loss_implementation,
         )
         with atomic_path(metrics) as tmp:
             metrics_frame(rows).to_csv(tmp, index=False)

@@ -53,7 +53,7 @@ class HiddenStatesJob:
 @dataclass(frozen=True)
 class DraftJob:
     """``draft``: the training-set gate, ranks per node (:func:`draftpipe.core.gpus.draft_ranks`), nodes, FSDP,
-    checkpoints per epoch; with ``hidden_states.storage: stream``, the spool's budget in bytes, the vLLM
+    checkpoints per epoch, the loss implementation (:func:`draftpipe.stages.draft.loss.training_loss`); with ``hidden_states.storage: stream``, the spool's budget in bytes, the vLLM
     producer's devices (``resources.hidden_states.gpus``) and its share of their memory
     (:func:`draftpipe.workflow.storage.stream_gpu_memory`), and the empty-mask gate of the shards it replaces."""
 
@@ -66,6 +66,7 @@ class DraftJob:
     stream_gpus: int
     max_empty_mask_fraction: float
     stream_gpu_memory: float
+    loss_implementation: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ def _settings(rule: str, config: dict) -> Any:
             res["hidden_states"]["gpus"],
             config["hidden_states"]["max_empty_mask_fraction"],
             stream_gpu_memory(res),
+            d["loss_implementation"],
         )
     if rule == "compat_report":
         return ReportJob(verifier["chat_template_file"], config["prompts"]["eval_fraction"])

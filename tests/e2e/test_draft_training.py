@@ -31,11 +31,20 @@ torch.set_num_threads(1)
 from draftpipe.stages.draft.export import export_draft
 from draftpipe.stages.draft.settings import DraftSettings
 from draftpipe.stages.draft.training import train_draft
-verifier, shards, maps, work, out, epochs, per_epoch, ranks, per_step, fsdp = sys.argv[1:11]
+verifier, shards, maps, work, out, epochs, per_epoch, ranks, per_step, fsdp, loss, ttt = sys.argv[1:13]
+if loss == "fused":  # on this CPU Triton's interpreter runs the kernels; its autotuner times tiles by a CPU clock
+    import time
+    from speculators.losses import fused
+    def cpu_clock(kernel_call, quantiles):
+        start = time.perf_counter()
+        kernel_call()
+        return [(time.perf_counter() - start) * 1e3 for _ in quantiles]
+    for kernel in (fused.loss_forward_kernel, fused.loss_backward_kernel):
+        kernel.do_bench = cpu_clock
 settings = DraftSettings(epochs=int(epochs), lr=3e-3, total_seq_len=256, val_every=5, seed=0,
-                         batches_per_step=int(per_step))
+                         batches_per_step=int(per_step), ttt_steps=int(ttt))
 checkpoint, rows = train_draft(verifier, shards.split(","), maps, work, settings, checkpoints_per_epoch=int(per_epoch),
-                               ranks=int(ranks), threads=2, fsdp=fsdp == "fsdp")
+                               ranks=int(ranks), threads=2, fsdp=fsdp == "fsdp", loss_implementation=loss)
 export_draft(checkpoint, out + "/model.safetensors", out + "/config.json", [1, 2, 4], "verifier")
 with open(out + "/metrics.json", "w") as fh:
     json.dump(rows, fh)
@@ -75,7 +84,9 @@ def shards(verifier_dir, tmp_path_factory):
     return paths, str(maps)
 
 
-def _train_cmd(verifier_dir, shards, work, out, per_epoch=1, ranks=1, per_step=1, mode="ddp"):
+def _train_cmd(
+    verifier_dir, shards, work, out, per_epoch=1, ranks=1, per_step=1, mode="ddp", loss="auto", epochs=EPOCHS, ttt=3
+):
     paths, maps = shards
     out.mkdir(parents=True, exist_ok=True)
     return [
@@ -87,11 +98,13 @@ def _train_cmd(verifier_dir, shards, work, out, per_epoch=1, ranks=1, per_step=1
         maps,
         str(work),
         str(out),
-        str(EPOCHS),
+        str(epochs),
         str(per_epoch),
         str(ranks),
         str(per_step),
         mode,
+        loss,
+        str(ttt),
     ]
 
 
@@ -206,10 +219,14 @@ def one_rank(verifier_dir, shards, tmp_path_factory):
     return tmp / "out"
 
 
-def _weights(out):
+def torch_load(path):
     import torch
 
-    return torch.load(out / "work" / str(EPOCHS - 1) / TRAINING_STATE, weights_only=True)
+    return torch.load(path, weights_only=True)
+
+
+def _weights(out):
+    return torch_load(out / "work" / str(EPOCHS - 1) / TRAINING_STATE)
 
 
 def test_two_ranks_train_the_one_rank_draft(one_rank, two_ranks):
@@ -224,6 +241,42 @@ def test_two_ranks_train_the_one_rank_draft(one_rank, two_ranks):
     m2 = json.loads((two_out / "metrics.json").read_text())
     assert [r["train_steps"] for r in m1] == [r["train_steps"] for r in m2]
     assert m1[-1]["val_loss"] == pytest.approx(m2[-1]["val_loss"], rel=1e-5)
+
+
+def test_the_fused_loss_trains_the_eager_loss_draft(verifier_dir, shards, tmp_path):
+    """``resources.draft.loss_implementation: fused`` on this CPU: speculators' Triton kernels, run by Triton's
+    interpreter (``TRITON_INTERPRET=1``, a few ms per row), pass their check and train the draft; it is the eager
+    loss's draft up to float32 rounding, and the log and metrics say which loss trained it. One epoch of one TTT
+    step keeps the interpreter's work small."""
+    runs = {}
+    for loss in ("eager", "fused"):
+        t0 = time.monotonic()
+        run = subprocess.run(
+            _train_cmd(
+                verifier_dir, shards, tmp_path / loss / "work", tmp_path / loss / "out", loss=loss, epochs=1, ttt=1
+            ),
+            env={**_env(), "TRITON_INTERPRET": "1"},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        print(f"{loss} loss: {time.monotonic() - t0:.1f} s")
+        state = torch_load(tmp_path / loss / "work" / "0" / TRAINING_STATE)
+        runs[loss] = (run.stdout, state, json.loads((tmp_path / loss / "out" / "metrics.json").read_text()))
+    assert "draft loss: kl_div x1, eager (asked for: resources.draft.loss_implementation: eager)" in runs["eager"][0]
+    assert (
+        "draft loss: kl_div x1, speculators' fused Triton kernels (run outside the compiled forward)"
+        in runs["fused"][0]
+    )
+    fused, eager = runs["fused"][1], runs["eager"][1]
+    assert fused["global_step"] == eager["global_step"] > 0
+    diff = max(float((fused["model"][k].double() - eager["model"][k].double()).abs().max()) for k in eager["model"])
+    print(f"largest weight difference, fused vs eager loss, after {eager['global_step']} steps: {diff:.3g}")
+    assert diff <= 1e-4  # AdamW scales steps by the gradient's history: a tiny gradient's rounding moves weights
+    assert [r["loss_impl"] for r in runs["fused"][2]] == ["fused"]
+    assert [r["loss_impl"] for r in runs["eager"][2]] == ["eager"]
+    assert runs["fused"][2][0]["val_loss"] == pytest.approx(runs["eager"][2][0]["val_loss"], rel=1e-4)
 
 
 def _live_ranks(spec: str) -> list[int]:

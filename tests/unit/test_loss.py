@@ -156,6 +156,17 @@ def test_fused_kernels_that_cannot_run_fall_back_to_the_eager_loss():
     assert loss.log_line() == (
         f"WARNING draft loss: kl_div x1, eager: the fused Triton kernels failed their check ({loss.reason})"
     )
+    # asked for by name (resources.draft.loss_implementation: fused), a failed check stops the job instead
+    with pytest.raises(RuntimeError, match=r"^resources.draft.loss_implementation: fused: .*\(kl_div: RuntimeError: "):
+        training_loss("kl_div", on_gpu=True, vocab_size=64, device="cpu", prefer=FUSED)
+
+
+def test_the_loss_implementation_asked_for():
+    eager = training_loss("kl_div", on_gpu=True, vocab_size=64, prefer=EAGER)
+    assert (eager.implementation, eager.config) == (EAGER, resolve_loss_config("kl_div", "eager"))
+    assert eager.log_line() == "draft loss: kl_div x1, eager (asked for: resources.draft.loss_implementation: eager)"
+    with pytest.raises(ValueError, match="^resources.draft.loss_implementation must be auto, fused or eager, not 'x'$"):
+        training_loss("kl_div", on_gpu=True, vocab_size=64, prefer="x")
 
 
 #: run in a child process: TRITON_INTERPRET is read when ``triton.jit`` decorates a kernel, which speculators does on
@@ -187,6 +198,8 @@ out["kl_error_eager"] = float((resolve_loss_config("kl_div", "eager")["kl_div"][
 # the product's choice on the GPU path, and the chosen loss inside a compiled step against the eager one
 loss = training_loss("kl_div", on_gpu=True, vocab_size=64, device="cpu")
 out["implementation"], out["reason"] = loss.implementation, loss.reason
+# resources.draft.loss_implementation: fused on a CPU: the check runs here (the interpreter), and passes
+out["fused_on_cpu"] = training_loss("kl_div", on_gpu=False, vocab_size=64, prefer="fused").implementation
 logits, targets = torch.randn(1, 16, 300) * 3, torch.randn(1, 16, 300) * 3
 results = []
 for cfg, compile_it in ((loss.config, True), (resolve_loss_config("kl_div", "eager"), False)):
@@ -218,6 +231,7 @@ def test_speculators_fused_kernels_agree_with_its_eager_losses_in_the_triton_int
     assert out["checks"] == {name: None for name in out["checks"]}
     assert out["kl_error"] < 1e-4 and out["kl_error_eager"] < 1e-4
     assert (out["implementation"], out["reason"]) == (FUSED, "")
+    assert out["fused_on_cpu"] == FUSED
     assert out["compiled_loss"][0] == pytest.approx(out["compiled_loss"][1], rel=1e-5)
     assert out["compiled_loss"][1] > 0.5
     assert out["compiled_grad_diff"] < 1e-6

@@ -22,7 +22,9 @@ Before training, :func:`training_loss` checks the fused implementation against t
 autotunes the kernels for that vocabulary (speculators keys the tuning on the vocabulary width and the loss). A
 kernel that raises or disagrees is not trained with: the draft trains with the eager loss, the log says why in a
 WARNING line, and ``metrics.csv`` says ``eager-fallback`` in its ``loss_impl`` column.
-On a CPU (Triton has no CPU backend) the loss is the eager one, as before.
+On a CPU (Triton has no CPU backend) the loss is the eager one, as before. ``resources.draft.loss_implementation``
+(``auto``, ``fused``, ``eager``) overrides the choice; ``fused`` on a CPU runs the kernels through Triton's
+interpreter (``TRITON_INTERPRET=1``, numpy: slow, for tests), which is how the CPU tests check them.
 """
 
 from __future__ import annotations
@@ -132,29 +134,39 @@ def training_loss(spec: str, on_gpu: bool, vocab_size: int, device=None, prefer:
         spec: ``draft.loss_fn``: a speculators loss name (``kl_div``) or a JSON mapping of names to weights.
         on_gpu: whether training runs on an accelerator (Triton kernels need one).
         vocab_size: the draft vocabulary (the width of the logits), for the agreement check.
-        device: where the check runs (default: this rank's accelerator, which ``init_ranks`` set).
-        prefer: ``auto`` (fused on a GPU, checked; eager on a CPU) or ``eager`` (the benchmark's comparison).
+        device: where the check runs (default: this rank's accelerator, which ``init_ranks`` set; the CPU when
+            there is none).
+        prefer: ``resources.draft.loss_implementation``: ``auto`` (fused on a GPU, checked, else eager with the
+            reason; eager on a CPU), ``fused`` (the kernels, checked, wherever training runs: on a CPU only Triton's
+            interpreter, ``TRITON_INTERPRET=1``, runs them) or ``eager``.
 
     Raises:
         ValueError: ``spec`` names no speculators loss (speculators' message), or ``prefer`` is unknown.
+        RuntimeError: ``prefer`` is ``fused`` and the kernels failed their check (the message says how).
     """
     import torch
     from speculators.losses import resolve_loss_config
 
     eager = resolve_loss_config(spec, "eager")
-    if prefer not in ("auto", EAGER):
-        raise ValueError(f"prefer must be 'auto' or 'eager', not {prefer!r}")
+    if prefer not in ("auto", FUSED, EAGER):
+        raise ValueError(f"resources.draft.loss_implementation must be auto, fused or eager, not {prefer!r}")
     if prefer == EAGER:
-        return TrainingLoss(eager, EAGER, "asked for")
-    if not on_gpu:
+        return TrainingLoss(eager, EAGER, "asked for: resources.draft.loss_implementation: eager")
+    if not on_gpu and prefer == "auto":
         return TrainingLoss(eager, EAGER, "no accelerator: Triton kernels need a GPU")
     # speculators imports its Triton kernels at the first call: a missing Triton fails inside the check
     fused = outside_compile(resolve_loss_config(spec, FUSED))
     if device is None:
-        device = torch.device(torch.accelerator.current_accelerator().type, torch.accelerator.current_device_index())
+        acc = torch.accelerator.current_accelerator()
+        device = torch.device(acc.type, torch.accelerator.current_device_index()) if acc else torch.device("cpu")
     problem = check_agreement(fused, eager, vocab_size, device, GPU_CHECK_ROWS, torch.bfloat16)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the check's [1024, vocab] tensors go back to the device before the draft comes
+    if problem is not None and prefer == FUSED:
+        raise RuntimeError(
+            f"resources.draft.loss_implementation: fused: speculators' fused Triton kernels failed their check "
+            f"against the eager loss ({problem}); set it to auto (the eager loss, with a warning) or eager"
+        )
     if problem is not None:
         return TrainingLoss(eager, FALLBACK, problem)
     return TrainingLoss(fused, FUSED)

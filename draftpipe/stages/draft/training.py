@@ -109,6 +109,7 @@ def train_draft(
     fsdp: bool = False,
     nodes: int = 1,
     stream: StreamSettings | None = None,
+    loss_implementation: str = "auto",
 ) -> tuple[Path, list[dict]]:
     """Train the draft; return the directory of the final epoch's checkpoint and the per-epoch metrics.
 
@@ -128,6 +129,10 @@ def train_draft(
     model) instead of replicating it (DDP), for drafts that do not fit one device; checkpoints still hold the full
     states, gathered on rank 0.
 
+    ``loss_implementation`` (``resources.draft.loss_implementation``: ``auto``, ``fused`` or ``eager``) is how the
+    loss is computed (:func:`draftpipe.stages.draft.loss.training_loss`); like ``fsdp``, it changes the draft only
+    by floating-point rounding.
+
     ``stream`` (``hidden_states.storage: stream``): ``shards`` are the completions shards, and the hidden states
     come from a vLLM producer as training reads them, within ``stream.budget`` bytes of disk
     (:mod:`draftpipe.stages.draft.stream`); one rank only.
@@ -135,7 +140,7 @@ def train_draft(
     Raises:
         ShardError: a shard is truncated or corrupt. ValueError: inconsistent shards (aux ids, hidden size), or
         ``ranks`` does not divide ``s.batches_per_step``, or ``stream`` with several ranks. RuntimeError: a rank
-        failed. draftpipe.stages.draft.stream.StreamError: the producer failed.
+        failed, or the fused loss asked for failed its check. draftpipe.stages.draft.stream.StreamError: the producer failed.
     """
     import torch
 
@@ -144,7 +149,9 @@ def train_draft(
     if stream is not None:
         if world > 1:
             raise ValueError(f"hidden_states.storage: stream trains with one rank, not {world}")
-        return _train_streamed(verifier_dir, shards, vocab_maps, work_dir, s, checkpoints_per_epoch, threads, stream)
+        return _train_streamed(
+            verifier_dir, shards, vocab_maps, work_dir, s, checkpoints_per_epoch, threads, stream, loss_implementation
+        )
     if world > 1 and "LOCAL_RANK" not in os.environ:
         from dataclasses import asdict
 
@@ -160,6 +167,7 @@ def train_draft(
                 "s": asdict(s),
                 "checkpoints_per_epoch": checkpoints_per_epoch,
                 "fsdp": fsdp,
+                "loss_implementation": loss_implementation,
             },
             Path(str(work_dir) + ".launch.json"),
             threads,
@@ -170,7 +178,16 @@ def train_draft(
         return final, epoch_metrics(state["metrics"])
     distributed = init_ranks()
     try:
-        return _train_here(verifier_dir, shards, vocab_maps, work_dir, s, checkpoints_per_epoch, fsdp and distributed)
+        return _train_here(
+            verifier_dir,
+            shards,
+            vocab_maps,
+            work_dir,
+            s,
+            checkpoints_per_epoch,
+            fsdp and distributed,
+            loss_implementation=loss_implementation,
+        )
     finally:
         if distributed:
             import torch.distributed as dist
@@ -178,14 +195,25 @@ def train_draft(
             dist.destroy_process_group()
 
 
-def _train_streamed(verifier_dir, completions, vocab_maps, work_dir, s, checkpoints_per_epoch, threads, stream):
+def _train_streamed(
+    verifier_dir, completions, vocab_maps, work_dir, s, checkpoints_per_epoch, threads, stream, loss_implementation
+):
     """:func:`train_draft` with the hidden states streamed through a :class:`Spool` beside ``work_dir``."""
     _, trainer_devices = split_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), stream.gpus)
     if trainer_devices:  # before torch initialises CUDA here
         os.environ["CUDA_VISIBLE_DEVICES"] = trainer_devices
     spool = Spool(str(work_dir) + ".spool", completions, stream, s.total_seq_len, threads or 1)
     try:
-        return _train_here(verifier_dir, completions, vocab_maps, work_dir, s, checkpoints_per_epoch, spool=spool)
+        return _train_here(
+            verifier_dir,
+            completions,
+            vocab_maps,
+            work_dir,
+            s,
+            checkpoints_per_epoch,
+            spool=spool,
+            loss_implementation=loss_implementation,
+        )
     finally:
         figures = spool.close()
         if figures:
@@ -231,6 +259,7 @@ def _train_here(
     checkpoints_per_epoch: int,
     fsdp: bool = False,
     spool: Spool | None = None,
+    loss_implementation: str = "auto",
 ):
     """:func:`train_draft` in this process (one rank, or one of several under torchrun)."""
     import torch
@@ -253,7 +282,7 @@ def _train_here(
     model = build_draft(verifier_dir, aux_ids, d2t, t2d, vd, s, attn)
     hidden_size = model.config.transformer_layer_config.hidden_size
     rank, size = current_rank(), world_size()
-    loss = training_loss(s.loss_fn, on_gpu, vd)
+    loss = training_loss(s.loss_fn, on_gpu, vd, prefer=loss_implementation)
     if rank == 0:
         for split, ds in (("train", train_ds), ("validation", val_ds)):
             print(accounting_line(split, ds.accounting, s.total_seq_len), flush=True)
