@@ -20,7 +20,8 @@ The parts (``--parts``, comma-separated; all by default):
 - ``trainers``: the product's trainer (:class:`draftpipe.stages.draft.trainer.ResumableTrainer`) against
   speculators' own loop (``speculators.train.trainer.Trainer`` with its defaults: it logs every step, as the
   product does) on the same draft, batches and loss: the wall time of the second epoch (the first compiles) of
-  each, as a ratio (above 1: the product's is faster).
+  each, as a ratio (above 1: the product's is faster), and each one's tokens/s (against ``steps``' loop: what the
+  trainer's data loading, logging and per-step checks cost).
 - ``product``: :func:`draftpipe.stages.draft.training.train_draft` as the draft job calls it (1 rank, the defaults),
   2 epochs, then the export and the compat checker on it.
 - ``torchrun``: the same under ``torchrun --nproc_per_node 1`` (NCCL on a GPU), with DDP and with FSDP: each run is
@@ -302,7 +303,10 @@ def compare_trainers(data, head_dim, seq, device, work: Path) -> dict:
             trainer.train_epoch(epoch)
             sync(device)
             epochs.append(time.perf_counter() - t0)
-        result[name] = {"steps": steps, "epoch_s": [round(x, 2) for x in epochs]}
+        # tokens of the second epoch per second, padding included as in ``steps`` (whose loop reads no data and
+        # syncs once a step): the gap between the two is what the trainer's loading, logging and checks cost
+        result[name] = {"steps": steps, "epoch_s": [round(x, 2) for x in epochs],
+                        "tokens_per_s": round(steps * seq / epochs[1], 1)}  # fmt: skip
         del trainer, model
         if on_gpu:
             torch.cuda.empty_cache()

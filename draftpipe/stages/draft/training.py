@@ -129,9 +129,8 @@ def train_draft(
     model) instead of replicating it (DDP), for drafts that do not fit one device; checkpoints still hold the full
     states, gathered on rank 0.
 
-    ``loss_implementation`` (``resources.draft.loss_implementation``: ``auto``, ``fused`` or ``eager``) is how the
-    loss is computed (:func:`draftpipe.stages.draft.loss.training_loss`); like ``fsdp``, it changes the draft only
-    by floating-point rounding.
+    ``loss_implementation`` (``auto``, ``fused`` or ``eager``: :func:`draftpipe.stages.draft.loss.training_loss`)
+    changes the draft, like ``fsdp``, only by floating-point rounding.
 
     ``stream`` (``hidden_states.storage: stream``): ``shards`` are the completions shards, and the hidden states
     come from a vLLM producer as training reads them, within ``stream.budget`` bytes of disk
@@ -140,54 +139,22 @@ def train_draft(
     Raises:
         ShardError: a shard is truncated or corrupt. ValueError: inconsistent shards (aux ids, hidden size), or
         ``ranks`` does not divide ``s.batches_per_step``, or ``stream`` with several ranks. RuntimeError: a rank
-        failed, or the fused loss asked for failed its check. draftpipe.stages.draft.stream.StreamError: the producer failed.
+        failed, or the fused loss asked for failed its check. draftpipe.stages.draft.stream.StreamError: the
+        producer failed.
     """
-    import torch
-
     world = max(1, ranks) * max(1, nodes)
     check_batches_per_step(s.batches_per_step, world)  # before any rank starts
+    job = {"verifier_dir": verifier_dir, "shards": shards, "vocab_maps": vocab_maps, "work_dir": work_dir, "s": s,
+           "checkpoints_per_epoch": checkpoints_per_epoch, "loss_implementation": loss_implementation}  # fmt: skip
     if stream is not None:
         if world > 1:
             raise ValueError(f"hidden_states.storage: stream trains with one rank, not {world}")
-        return _train_streamed(
-            verifier_dir, shards, vocab_maps, work_dir, s, checkpoints_per_epoch, threads, stream, loss_implementation
-        )
+        return _train_streamed(job, threads, stream)
     if world > 1 and "LOCAL_RANK" not in os.environ:
-        from dataclasses import asdict
-
-        Path(work_dir).mkdir(parents=True, exist_ok=True)
-        launch(
-            ranks,
-            {
-                "entry": f"{__name__}:train_rank",
-                "verifier_dir": str(verifier_dir),
-                "shards": [str(p) for p in shards],
-                "vocab_maps": str(vocab_maps),
-                "work_dir": str(work_dir),
-                "s": asdict(s),
-                "checkpoints_per_epoch": checkpoints_per_epoch,
-                "fsdp": fsdp,
-                "loss_implementation": loss_implementation,
-            },
-            Path(str(work_dir) + ".launch.json"),
-            threads,
-            nodes,
-        )
-        final = Path(work_dir) / str(s.epochs - 1)
-        state = torch.load(final / TRAINING_STATE, map_location="cpu", weights_only=True)
-        return final, epoch_metrics(state["metrics"])
+        return _launch_ranks(job, fsdp, ranks, threads, nodes)
     distributed = init_ranks()
     try:
-        return _train_here(
-            verifier_dir,
-            shards,
-            vocab_maps,
-            work_dir,
-            s,
-            checkpoints_per_epoch,
-            fsdp and distributed,
-            loss_implementation=loss_implementation,
-        )
+        return _train_here(**job, fsdp=fsdp and distributed)
     finally:
         if distributed:
             import torch.distributed as dist
@@ -195,25 +162,33 @@ def train_draft(
             dist.destroy_process_group()
 
 
-def _train_streamed(
-    verifier_dir, completions, vocab_maps, work_dir, s, checkpoints_per_epoch, threads, stream, loss_implementation
-):
-    """:func:`train_draft` with the hidden states streamed through a :class:`Spool` beside ``work_dir``."""
+def _launch_ranks(job: dict, fsdp: bool, ranks: int, threads: int | None, nodes: int) -> tuple[Path, list[dict]]:
+    """:func:`train_draft`'s ``job`` on ``ranks`` x ``nodes`` torchrun ranks (:func:`train_rank` each); the final
+    checkpoint and its metrics, read back from the work directory."""
+    from dataclasses import asdict
+
+    import torch
+
+    work_dir, s = Path(job["work_dir"]), job["s"]
+    work_dir.mkdir(parents=True, exist_ok=True)
+    spec = {**job, "verifier_dir": str(job["verifier_dir"]), "shards": [str(p) for p in job["shards"]],
+            "vocab_maps": str(job["vocab_maps"]), "work_dir": str(work_dir), "s": asdict(s), "fsdp": fsdp}  # fmt: skip
+    launch(ranks, {"entry": f"{__name__}:train_rank", **spec}, Path(str(work_dir) + ".launch.json"), threads, nodes)
+    final = work_dir / str(s.epochs - 1)
+    state = torch.load(final / TRAINING_STATE, map_location="cpu", weights_only=True)
+    return final, epoch_metrics(state["metrics"])
+
+
+def _train_streamed(job: dict, threads: int | None, stream: StreamSettings):
+    """:func:`train_draft`'s ``job`` with the hidden states streamed through a :class:`Spool` beside its work
+    directory (its ``shards`` are the completions shards)."""
     _, trainer_devices = split_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), stream.gpus)
     if trainer_devices:  # before torch initialises CUDA here
         os.environ["CUDA_VISIBLE_DEVICES"] = trainer_devices
-    spool = Spool(str(work_dir) + ".spool", completions, stream, s.total_seq_len, threads or 1)
+    s = job["s"]
+    spool = Spool(str(job["work_dir"]) + ".spool", job["shards"], stream, s.total_seq_len, threads or 1)
     try:
-        return _train_here(
-            verifier_dir,
-            completions,
-            vocab_maps,
-            work_dir,
-            s,
-            checkpoints_per_epoch,
-            spool=spool,
-            loss_implementation=loss_implementation,
-        )
+        return _train_here(**job, spool=spool)
     finally:
         figures = spool.close()
         if figures:
@@ -250,17 +225,8 @@ def _datasets(shards, s: DraftSettings, hs_dtype, spool: Spool | None):
     )
 
 
-def _train_here(
-    verifier_dir,
-    shards,
-    vocab_maps,
-    work_dir,
-    s: DraftSettings,
-    checkpoints_per_epoch: int,
-    fsdp: bool = False,
-    spool: Spool | None = None,
-    loss_implementation: str = "auto",
-):
+def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, checkpoints_per_epoch: int,
+                fsdp: bool = False, spool: Spool | None = None, loss_implementation: str = "auto"):  # fmt: skip
     """:func:`train_draft` in this process (one rank, or one of several under torchrun)."""
     import torch
     from speculators.models.eagle3.data import shift_batch
@@ -271,8 +237,8 @@ def _train_here(
     on_gpu = torch.accelerator.current_accelerator() is not None
     # speculators trains under bfloat16 autocast (right on GPUs). On a CPU, bfloat16 matmuls without native support
     # (AVX2-only x86, e.g. AMD EPYC before Zen 4) run about 70x slower than float32 (0.58 against 43 GFLOPS on one
-    # core, measured on a 2-core AMD EPYC with AVX2), so the CPU trains in float32 (autocast off: torch warns that CPU autocast
-    # supports only bfloat16 and float16). Like the attention and loss kernels below, the device shapes the draft.
+    # core of a 2-core AMD EPYC with AVX2), so the CPU trains in float32 (autocast off: CPU autocast supports only
+    # bfloat16 and float16). Like the attention and loss kernels below, the device shapes the draft.
     hs_dtype = torch.bfloat16 if on_gpu else torch.float32
     aux_ids, train_ds, val_ds = _datasets(shards, s, hs_dtype, spool)
     if spool is not None:
