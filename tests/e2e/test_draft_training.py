@@ -32,15 +32,6 @@ from draftpipe.stages.draft.export import export_draft
 from draftpipe.stages.draft.settings import DraftSettings
 from draftpipe.stages.draft.training import train_draft
 verifier, shards, maps, work, out, epochs, per_epoch, ranks, per_step, fsdp, loss, ttt = sys.argv[1:13]
-if loss == "fused":  # on this CPU Triton's interpreter runs the kernels; its autotuner times tiles by a CPU clock
-    import time
-    from speculators.losses import fused
-    def cpu_clock(kernel_call, quantiles):
-        start = time.perf_counter()
-        kernel_call()
-        return [(time.perf_counter() - start) * 1e3 for _ in quantiles]
-    for kernel in (fused.loss_forward_kernel, fused.loss_backward_kernel):
-        kernel.do_bench = cpu_clock
 settings = DraftSettings(epochs=int(epochs), lr=3e-3, total_seq_len=256, val_every=5, seed=0,
                          batches_per_step=int(per_step), ttt_steps=int(ttt))
 checkpoint, rows = train_draft(verifier, shards.split(","), maps, work, settings, checkpoints_per_epoch=int(per_epoch),

@@ -170,22 +170,14 @@ def test_the_loss_implementation_asked_for():
 
 
 #: run in a child process: TRITON_INTERPRET is read when ``triton.jit`` decorates a kernel, which speculators does on
-#: its first fused call (perhaps already made in this process). Triton's autotuner times its tiles with the GPU
-#: driver's benchmarker; the child gives it a CPU clock instead (which tile wins changes nothing but speed).
+#: its first fused call (perhaps already made in this process). The autotuners time their tiles by a CPU clock there.
 INTERPRETED = """
-import json, time, torch
-from speculators.losses import fused, resolve_loss_config
+import json, torch
+from speculators.losses import resolve_loss_config
 from speculators.losses.utils import _FUSED_LOSS_FN_MAP
-from draftpipe.stages.draft.loss import check_agreement, outside_compile, training_loss
+from draftpipe.stages.draft.loss import check_agreement, outside_compile, time_tiles_on_the_cpu, training_loss
 
-def cpu_clock(kernel_call, quantiles):
-    start = time.perf_counter()
-    kernel_call()
-    return [(time.perf_counter() - start) * 1e3 for _ in quantiles]
-
-for kernel in (fused.loss_forward_kernel, fused.loss_backward_kernel):
-    kernel.do_bench = cpu_clock
-out = {"checks": {}}
+out = {"clock": time_tiles_on_the_cpu(), "checks": {}}
 for name in sorted(_FUSED_LOSS_FN_MAP):
     candidate = outside_compile(resolve_loss_config(name, "fused"))
     out["checks"][name] = check_agreement(candidate, resolve_loss_config(name, "eager"), 1000, "cpu", 32, torch.bfloat16)
@@ -227,6 +219,7 @@ def test_speculators_fused_kernels_agree_with_its_eager_losses_in_the_triton_int
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     out = json.loads(lines[-1].removeprefix("RESULT "))
+    assert out["clock"] is True
     assert set(out["checks"]) >= {"ce", "jsd", "kl_div", "rkl", "tv"}
     assert out["checks"] == {name: None for name in out["checks"]}
     assert out["kl_error"] < 1e-4 and out["kl_error_eager"] < 1e-4

@@ -24,11 +24,13 @@ kernel that raises or disagrees is not trained with: the draft trains with the e
 WARNING line, and ``metrics.csv`` says ``eager-fallback`` in its ``loss_impl`` column.
 On a CPU (Triton has no CPU backend) the loss is the eager one, as before. ``resources.draft.loss_implementation``
 (``auto``, ``fused``, ``eager``) overrides the choice; ``fused`` on a CPU runs the kernels through Triton's
-interpreter (``TRITON_INTERPRET=1``, numpy: slow, for tests), which is how the CPU tests check them.
+interpreter (``TRITON_INTERPRET=1``, numpy: slow, for tests; :func:`time_tiles_on_the_cpu`), which is how the CPU
+tests check them.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 #: the loss implementations a draft can be trained with (``loss_impl`` in ``metrics.csv``)
@@ -58,6 +60,29 @@ class TrainingLoss:
         if self.implementation == FALLBACK:
             return f"WARNING draft loss: {names}, eager: the fused Triton kernels failed their check ({self.reason})"
         return f"draft loss: {names}, eager ({self.reason})"
+
+
+def time_tiles_on_the_cpu() -> bool:
+    """Under Triton's interpreter (``TRITON_INTERPRET=1``, which runs kernels with numpy on the CPU), give the
+    autotuners of speculators' fused loss kernels a CPU clock: Triton's own benchmarker asks the GPU driver and fails
+    without one (``0 active drivers``). The tile it picks changes the speed only. Returns whether it did (False
+    outside the interpreter, where nothing changes)."""
+    import time
+
+    import triton
+
+    if not triton.knobs.runtime.interpret:
+        return False
+    from speculators.losses import fused
+
+    def cpu_clock(kernel_call, quantiles):  # the autotuner's do_bench: milliseconds, one run
+        start = time.perf_counter()
+        kernel_call()
+        return [(time.perf_counter() - start) * 1e3 for _ in quantiles]
+
+    for kernel in (fused.loss_forward_kernel, fused.loss_backward_kernel):
+        kernel.do_bench = cpu_clock  # an instance attribute before Autotuner's cached do_bench
+    return True
 
 
 def outside_compile(config: dict) -> dict:
@@ -156,6 +181,9 @@ def training_loss(spec: str, on_gpu: bool, vocab_size: int, device=None, prefer:
         return TrainingLoss(eager, EAGER, "no accelerator: Triton kernels need a GPU")
     # speculators imports its Triton kernels at the first call: a missing Triton fails inside the check
     fused = outside_compile(resolve_loss_config(spec, FUSED))
+    if not on_gpu:
+        with contextlib.suppress(ImportError):
+            time_tiles_on_the_cpu()
     if device is None:
         acc = torch.accelerator.current_accelerator()
         device = torch.device(acc.type, torch.accelerator.current_device_index()) if acc else torch.device("cpu")
