@@ -432,9 +432,8 @@ def run_part(key: str, out: Path, fn, *args) -> None:
 def loss_part(vocab: int, device: str) -> dict:
     """The loss the draft job would choose here, and how long choosing took (the check and autotuning); then every
     other loss speculators fuses, each through the same check (``None``: the kernel agrees with the eager loss)."""
-    from speculators.losses.utils import _FUSED_LOSS_FN_MAP
-
     from draftpipe.stages.draft.loss import training_loss
+    from draftpipe.workflow.config import LOSS_FUNCTIONS  # speculators' losses, each fused and eager
 
     on_gpu = device.startswith("cuda")
     t0 = time.perf_counter()
@@ -442,9 +441,7 @@ def loss_part(vocab: int, device: str) -> dict:
     result = {"implementation": chosen.implementation, "reason": chosen.reason,
               "check_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
     result["others"] = {
-        name: training_loss(name, on_gpu, vocab, device).reason or None
-        for name in sorted(_FUSED_LOSS_FN_MAP)
-        if name != "kl_div"
+        name: training_loss(name, on_gpu, vocab, device).reason or None for name in LOSS_FUNCTIONS if name != "kl_div"
     }
     return result
 

@@ -53,8 +53,9 @@ class HiddenStatesJob:
 @dataclass(frozen=True)
 class DraftJob:
     """``draft``: the training-set gate, ranks per node (:func:`draftpipe.core.gpus.draft_ranks`), nodes, FSDP,
-    checkpoints per epoch, the loss implementation (:func:`draftpipe.stages.draft.loss.training_loss`); with ``hidden_states.storage: stream``, the spool's budget in bytes, the vLLM
-    producer's devices (``resources.hidden_states.gpus``) and its share of their memory
+    checkpoints per epoch, the loss implementation (:func:`draftpipe.stages.draft.loss.training_loss`); with
+    ``hidden_states.storage: stream``, the spool's budget in bytes, the vLLM producer's devices
+    (``resources.hidden_states.gpus``) and its share of their memory
     (:func:`draftpipe.workflow.storage.stream_gpu_memory`), and the empty-mask gate of the shards it replaces."""
 
     min_train_samples: int

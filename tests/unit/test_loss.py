@@ -174,11 +174,11 @@ def test_the_loss_implementation_asked_for():
 INTERPRETED = """
 import json, torch
 from speculators.losses import resolve_loss_config
-from speculators.losses.utils import _FUSED_LOSS_FN_MAP
 from draftpipe.stages.draft.loss import check_agreement, outside_compile, time_tiles_on_the_cpu, training_loss
+from draftpipe.workflow.config import LOSS_FUNCTIONS
 
 out = {"clock": time_tiles_on_the_cpu(), "checks": {}}
-for name in sorted(_FUSED_LOSS_FN_MAP):
+for name in LOSS_FUNCTIONS:
     candidate = outside_compile(resolve_loss_config(name, "fused"))
     out["checks"][name] = check_agreement(candidate, resolve_loss_config(name, "eager"), 1000, "cpu", 32, torch.bfloat16)
 # the kernels' own values, not a copy of the eager loss: their error against a float64 KL is float32's

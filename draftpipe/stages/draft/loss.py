@@ -67,13 +67,11 @@ def time_tiles_on_the_cpu() -> bool:
     autotuners of speculators' fused loss kernels a CPU clock: Triton's own benchmarker asks the GPU driver and fails
     without one (``0 active drivers``). The tile it picks changes the speed only. Returns whether it did (False
     outside the interpreter, where nothing changes)."""
-    import os
     import time
 
     import triton
 
-    knobs = getattr(triton, "knobs", None)  # an older Triton without knobs: the variable itself
-    if not (knobs.runtime.interpret if knobs else os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
+    if not triton.knobs.runtime.interpret:
         return False
     from speculators.losses import fused
 
@@ -184,7 +182,7 @@ def training_loss(spec: str, on_gpu: bool, vocab_size: int, device=None, prefer:
     # speculators imports its Triton kernels at the first call: a missing Triton fails inside the check
     fused = outside_compile(resolve_loss_config(spec, FUSED))
     if not on_gpu:
-        with contextlib.suppress(ImportError):
+        with contextlib.suppress(ImportError, AttributeError):  # no Triton, or one without the interpreter's knob
             time_tiles_on_the_cpu()
     if device is None:
         acc = torch.accelerator.current_accelerator()
