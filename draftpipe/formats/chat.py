@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from draftpipe.core.io import iter_jsonl, sha256_text
+from draftpipe.formats.prompts import answered_prefix
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -145,7 +146,9 @@ def encode_prompt(
 
     Args:
         tokenizer: the verifier's Hugging Face tokenizer.
-        messages: ``[{"role", "content"}, ...]`` ending in a user turn (a prompt record's ``messages``).
+        messages: ``[{"role", "content"}, ...]`` ending in a user turn (a prompt record's ``messages``); only
+            the part before the first unanswered assistant turn is sent
+            (:func:`draftpipe.formats.prompts.answered_prefix`: MT-bench's first question).
         chat_template: ``"auto"`` or ``"required"``, see :func:`check_chat_template`.
         tools, template_kwargs: the record's tool definitions and extra template variables
             (:func:`template_kwargs`).
@@ -157,6 +160,7 @@ def encode_prompt(
         ChatTemplateError: ``chat_template="required"`` and the tokenizer has no chat template.
         ValueError: ``messages`` has no user turn (and the tokenizer no chat template).
     """
+    messages = answered_prefix(messages)
     if check_chat_template(tokenizer, chat_template):
         text = tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=True, tokenize=False, **dict(template_kwargs or {})

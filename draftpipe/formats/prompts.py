@@ -19,12 +19,15 @@ Accepted record shapes (the first key found wins, unless the source names ``fiel
   may also be a list of text parts ``[{"type": "text", "text": str}, ...]``, which are joined; an assistant turn's
   ``tool_calls`` (``[{"type": "function", "function": {"name", "arguments"}}]``, its ``content`` may then be null)
   and a tool turn's ``tool_call_id`` and ``name`` are kept; the record's ``tools`` (tool definitions) are kept as
-  the record's ``tools``;
+  the record's ``tools``; an assistant turn whose ``content`` is null and that calls no tool is unanswered
+  (:data:`UNANSWERED`): the verifier writes it;
 - ``conversations``: ShareGPT, ``[{"from": "human"|"gpt"|"system"|"observation"|"function_call", "value": str},
   ...]``; ``function_call`` (a JSON ``{"name", "arguments"}``) becomes an assistant turn with that tool call,
   ``observation`` a tool turn; a ``tools`` key (a list, or its JSON text) becomes the record's ``tools``;
-- ``turns``: MT-bench, a list of user turns; only the first turn is kept (later turns need the verifier's
-  answers to the earlier ones);
+- ``turns``: MT-bench, a list of user turns; an *unanswered* assistant turn (:data:`UNANSWERED`) is put between
+  each two of them: the verifier writes it in the completions stage, and every stage that only prompts the
+  verifier (benchmarks, the live check) sends the conversation up to its first unanswered turn
+  (:func:`answered_prefix`), i.e. MT-bench's first question;
 - ``prompt`` (or ``field``/``template``, :mod:`draftpipe.formats.prompt_fields`): plain text, taken as one user
   turn.
 
@@ -38,7 +41,7 @@ What is an error and what is dropped. The loader is lenient on data and strict o
 - *dropped and counted* (``PromptStats.empty``, with the first locations in ``PromptStats.empty_at``): a record
   whose structure is valid but that holds no prompt to answer: an empty or whitespace-only prompt, an empty
   ``messages``/``conversations``/``turns`` list, or a conversation with no user turn left after the trailing
-  assistant turns are removed;
+  assistant turns are removed or none before its first unanswered assistant turn;
 - *dropped and counted* (``PromptStats.duplicates``): a prompt whose content id was already kept (first occurrence
   wins, across all sources);
 - *errors* (:class:`PromptFormatError`, the message starts with ``file:line:``, or ``file: row N:`` for parquet):
@@ -82,6 +85,11 @@ ROLE_ALIASES = {
     "function_call": "assistant",
 }
 SHAPE_KEYS = ("messages", "conversations", "turns", "prompt")
+#: an assistant turn with no source text: the completions stage regenerates it whatever ``completions.turns`` says
+#: (there is nothing to keep as context), and prompts are sent only up to the first one (:func:`answered_prefix`)
+UNANSWERED = {"role": "assistant", "content": None}
+#: ``completions.turns``: regenerate every assistant turn, or only the answer to the last one
+TURNS = ("all", "last")
 CHAT_SHAPES = SHAPE_KEYS[:3]  # the shapes that are conversations, not plain text
 #: how many locations of dropped empty prompts :class:`PromptStats` keeps
 MAX_EMPTY_AT = 10
@@ -186,6 +194,8 @@ def _message(msg: dict, role: str, where: str, at: str) -> dict:
     calls = msg.get("tool_calls") if role == "assistant" else None
     if calls is not None and not isinstance(calls, list):
         raise PromptFormatError(f"{where}: {at}.tool_calls must be a list, got {json_type(calls)}")
+    if content is None and role == "assistant" and not calls:
+        return dict(UNANSWERED)
     out["content"] = "" if content is None and calls else _content_text(content, where, at)
     if calls:
         out["tool_calls"] = [_tool_call(c, where, f"{at}.tool_calls[{k}]") for k, c in enumerate(calls)]
@@ -216,6 +226,46 @@ def record_tools(obj: dict, where: str) -> list | None:
     return tools or None
 
 
+def _user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+def is_unanswered(message: dict) -> bool:
+    """Whether ``message`` is an unanswered assistant turn (:data:`UNANSWERED`): the verifier writes it."""
+    return message.get("role") == "assistant" and message.get("content") is None and not message.get("tool_calls")
+
+
+def answered_prefix(messages: list[dict]) -> list[dict]:
+    """``messages`` up to (not including) the first unanswered assistant turn (:func:`is_unanswered`): the part of
+    a conversation a stage that only prompts the verifier can send (MT-bench's first question); all of them when
+    none is unanswered."""
+    cut = next((i for i, m in enumerate(messages) if is_unanswered(m)), len(messages))
+    return messages[:cut]
+
+
+def generation_points(messages: list[dict], turns: str = "all") -> list[int]:
+    """Where the verifier answers in a conversation: the index of each assistant message of the source it
+    regenerates, and ``len(messages)`` for the answer to the last turn.
+
+    With ``turns="all"`` every assistant message is regenerated except one that calls tools (``tool_calls``): the
+    tool results after it answer that call, so the call stays as context, never trained on. With ``"last"`` only the
+    final answer is generated and the source's assistant turns stay as context. An unanswered assistant turn
+    (:func:`is_unanswered`: MT-bench's answers) has no text to keep, so it is generated
+    (and trained on) with either.
+
+    Raises:
+        ValueError: ``turns`` is not one of :data:`TURNS`.
+    """
+    if turns not in TURNS:
+        raise ValueError(f"completions.turns: unknown value {turns!r} (use all or last)")
+    points = [
+        i
+        for i, m in enumerate(messages)
+        if is_unanswered(m) or (turns == "all" and m["role"] == "assistant" and not m.get("tool_calls"))
+    ]
+    return [*points, len(messages)]
+
+
 def with_system_prompt(messages: list[dict], system_prompt: str | None) -> list[dict]:
     """``messages`` with ``system_prompt`` as a first system turn, unless it is None or the record has its own."""
     if not system_prompt or any(m["role"] == "system" for m in messages):
@@ -238,7 +288,7 @@ def normalise_record(
     Returns:
         The messages, ending in a user or tool turn; an empty list when the record holds no prompt to answer (an
         empty or whitespace-only prompt, an empty message list, no user or tool turn after the trailing assistant
-        turns): the caller drops it.
+        turns, or none before the first unanswered assistant turn): the caller drops it.
 
     Raises:
         PromptFormatError: naming ``where`` when the record is not an object, has none of the accepted keys,
@@ -264,9 +314,10 @@ def normalise_record(
             raise PromptFormatError(f"{where}: {key!r} must be a string, got {json_type(value)}")
         messages = [{"role": "user", "content": value}]
     elif key == "turns":
-        if not isinstance(value, list) or (value and not isinstance(value[0], str)):
+        if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
             raise PromptFormatError(f"{where}: 'turns' must be a list of strings")
-        messages = [{"role": "user", "content": value[0]}] if value else []
+        asked = [t for t in value if t.strip()]  # a blank question asks nothing: the others stay
+        messages = [m for k, t in enumerate(asked) for m in ([dict(UNANSWERED)] if k else []) + [_user(t)]]
     else:
         if not isinstance(value, list):
             raise PromptFormatError(f"{where}: {key!r} must be a list of messages, got {json_type(value)}")
@@ -284,8 +335,10 @@ def normalise_record(
             messages.append(_message(msg, role.lower(), where, at))
     while messages and messages[-1]["role"] == "assistant":
         messages.pop()
-    if not messages or messages[-1]["role"] not in ("user", "tool") or not messages[-1]["content"].strip():
-        return []
+    first = answered_prefix(messages)  # the first prompt the verifier answers
+    for prompt in (messages, first):
+        if not prompt or prompt[-1]["role"] not in ("user", "tool") or not prompt[-1]["content"].strip():
+            return []
     return messages
 
 

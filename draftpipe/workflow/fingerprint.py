@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Iterable
 
-from draftpipe.formats.prompts import load_prompts, split_and_shard
+from draftpipe.formats.prompts import generation_points, load_prompts, split_and_shard
 
 
 def records_digest(records: Iterable[dict]) -> str:
@@ -56,7 +57,9 @@ def prompt_fingerprints(
 
     Returns:
         ``{"train": [digest per shard], "eval": digest, "prompts": number of records kept, "train_prompts":
-        number kept for training, "warnings": the loader's warnings (text a mapping leaves out)}``.
+        number kept for training, "train_answers": {answers: training records} (the answers the verifier writes
+        in a conversation with ``completions.turns: all``, :func:`draftpipe.formats.prompts.generation_points`),
+        "warnings": the loader's warnings (text a mapping leaves out)}``.
 
     Raises:
         FileNotFoundError, draftpipe.formats.prompts.PromptFormatError: a source is missing or malformed (the message names
@@ -78,6 +81,7 @@ def prompt_fingerprints(
         "eval": records_digest(evals),
         "prompts": train + len(evals),
         "train_prompts": train,
+        "train_answers": dict(Counter(len(generation_points(r["messages"])) for s in shards for r in s)),
         "warnings": stats.warnings,
     }
 

@@ -2,8 +2,9 @@
 
 Estimates, from the config and the verifier's config only (no tokenizer, no weights): prompts are counted from the
 sources (JSON lines, JSON arrays, Parquet row counts); a prompt's tokens are estimated at 4 characters per token
-(a common rule of thumb for BPE tokenizers on English text); every completion is assumed to run to ``max_tokens``,
-so token counts and bytes are upper bounds.
+(a common rule of thumb for BPE tokenizers on English text); every answer is assumed to run to ``max_tokens`` (a
+conversation holds one answer per turn the verifier writes, and at most ``verifier.max_model_len`` tokens), so token
+counts and bytes are upper bounds.
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ def count_source(path: str) -> tuple[int, int]:
     return sum(1 for line in data.splitlines() if line.strip()), len(data)
 
 
+def sample_tokens(config: dict, answers: dict, prompt_tokens: float) -> tuple[int, int]:
+    """``(tokens of the longest sample, tokens of all samples)``, upper bounds: a conversation holds one answer of
+    at most ``completions.max_tokens`` per turn the verifier writes (``answers``: ``{answers: training prompts}``)
+    after ``prompt_tokens`` of prompt, and fits in ``verifier.max_model_len``; ``samples_per_prompt`` each."""
+    c = config["completions"]
+    bound = {n: min(config["verifier"]["max_model_len"], int(prompt_tokens + n * c["max_tokens"])) for n in answers}
+    total = sum(count * c["samples_per_prompt"] * bound[n] for n, count in answers.items())
+    return max(bound.values(), default=0), int(round(total))
+
+
 def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: dict | None = None) -> dict:
     """Upper-bound sizes of the build for ``config`` against a verifier of ``shape``.
 
@@ -45,12 +56,12 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: d
         config: the validated config.
         shape: ``num_hidden_layers``, ``vocab_size`` and ``hidden_size`` of the verifier.
         verifier_config: the verifier's ``config.json``, when known, for the KV cache per token.
-        kept: the prompt set as split (:func:`draftpipe.workflow.fingerprint.prompt_fingerprints`: ``prompts`` and
-            ``train_prompts``, after empty records and duplicates are dropped); without it the sources' records
-            are counted and ``prompts.eval_fraction`` taken off.
+        kept: the prompt set as split (:func:`draftpipe.workflow.fingerprint.prompt_fingerprints`: ``prompts``,
+            ``train_prompts`` and ``train_answers``, after empty records and duplicates are dropped); without it
+            the sources' records are counted, ``prompts.eval_fraction`` taken off, and one answer each assumed.
 
     Returns:
-        ``prompts``, ``train_samples``, ``tokens_per_sample``, ``train_tokens``, ``hidden_state_bytes``,
+        ``prompts``, ``train_samples``, ``tokens_per_sample`` (the longest sample's bound), ``train_tokens``, ``hidden_state_bytes``,
         ``completion_bytes``, ``disk_bytes`` (hidden states + completions + prompts) and the inputs to the estimate;
         for the hidden-state job's vLLM engine: ``engine_tp`` (tensor parallel size, 1 on the CPU),
         ``state_cache_bytes_per_token`` (the hidden-state cache, on every GPU) and ``kv_bytes_per_token`` (per
@@ -73,8 +84,7 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: d
     else:
         train_prompts = records * (1.0 - config["prompts"]["eval_fraction"])
     samples = int(round(train_prompts * config["completions"]["samples_per_prompt"]))
-    per_sample = min(config["verifier"]["max_model_len"], int(prompt_tokens + config["completions"]["max_tokens"]))
-    tokens = samples * per_sample
+    per_sample, tokens = sample_tokens(config, (kept or {}).get("train_answers") or {1: train_prompts}, prompt_tokens)
     aux = config["hidden_states"].get("aux_layer_ids") or [0, 0, 0]
     H = int(shape["hidden_size"])
     stored = config["hidden_states"]["dtype"]
@@ -178,8 +188,8 @@ def stream_devices(vllm: int, trainer: int, memory: float) -> str:
 def format_plan(p: dict) -> str:
     """One block of text for the console."""
     return (
-        f"draftpipe plan (upper bounds): {p['prompts']} prompts -> {p['train_samples']} training samples x "
-        f"<= {p['tokens_per_sample']} tokens = {p['train_tokens']:,} tokens; hidden states "
+        f"draftpipe plan (upper bounds): {p['prompts']} prompts -> {p['train_samples']} training samples of "
+        f"<= {p['tokens_per_sample']} tokens, {p['train_tokens']:,} tokens in all; hidden states "
         f"({p['aux_states']} x {p['hidden_size']} x {p['dtype']}"
         f"{' + a float32 scale each' if p['dtype'] in SCALE_BYTES else ''} per token) {human(p['hidden_state_bytes'])}; "
         f"completions {human(p['completion_bytes'])}; disk needed {human(p['disk_bytes'])}\n"

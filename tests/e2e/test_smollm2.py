@@ -29,8 +29,8 @@ if not GGUF.is_file():
 
 @pytest.fixture(scope="session")
 def smol_build(tmp_path_factory):
-    """The preset's verifier and completions with a tiny budget: 2 MT-bench questions, 2 GSM8K questions and 2
-    TinyStories openings, one shard, answers of at most 24 tokens, greedy."""
+    """The preset's verifier and completions with a tiny budget: 2 MT-bench conversations (two questions each), 2
+    GSM8K questions and 2 TinyStories openings, one shard, answers of at most 24 tokens, greedy."""
     work = copy_workflow(tmp_path_factory.mktemp("smollm2"))
     (work / ".models").mkdir()
     (work / ".models" / GGUF.name).symlink_to(GGUF)
@@ -98,6 +98,15 @@ def test_every_prompt_is_rendered_by_the_gguf_s_chat_template(smol_build, oracle
             assert want.startswith("<|im_start|>system\n") and want.endswith("<|im_start|>assistant\n")
             answers += 1
     assert answers >= len(rows) == 6
+    # MT-bench's second question is asked after the verifier's own first answer (multi-turn regeneration)
+    two = [row for row in rows if len(row["turns"]) == 2]
+    assert len(two) == 2 and answers == 8
+    for row in two:
+        first, second = row["turns"]
+        assert [m["role"] for m in row["messages"]] == ["user", "assistant", "user", "assistant"]
+        assert row["messages"][first["message"]]["content"] == first["completion_text"].removesuffix("<|im_end|>")
+        asked = tok.decode(second["prompt_token_ids"])
+        assert asked.startswith(tok.decode(first["prompt_token_ids"]) + first["completion_text"].rstrip("\n"))
 
 
 def test_vllm_greedy_tokens_equal_transformers_from_the_gguf(smol_build, oracle):

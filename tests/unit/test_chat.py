@@ -166,8 +166,28 @@ def test_generation_points():
 
     assert generation_points(CONVERSATION[:-1], "all") == [2, 6]  # the tool-call turn 4 stays; then the answer
     assert generation_points(CONVERSATION[:-1], "last") == [6]
+    # an unanswered turn (MT-bench's answers) has no text to keep as context: generated with either
+    mt = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": None}, {"role": "user", "content": "q2"}]
+    assert generation_points(mt, "all") == generation_points(mt, "last") == [1, 3]
     with pytest.raises(ValueError, match="completions.turns: unknown value 'some'"):
         generation_points(CONVERSATION, "some")
+
+
+def test_a_prompt_is_sent_up_to_its_first_unanswered_turn(tokenizer):
+    """Stages that only prompt the verifier (benchmarks, live check) send MT-bench's first question, with the
+    template's generation prompt, and a verifier without a template its last user message before that turn."""
+    from draftpipe.formats.chat import encode_prompt
+
+    mt = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": None}, {"role": "user", "content": "q2"}]
+    ids = encode_prompt(tokenizer, mt)
+    assert ids == encode_prompt(tokenizer, mt[:1])
+    assert tokenizer.decode(ids).endswith("q1\nAssistant: ") and "q2" not in tokenizer.decode(ids)
+    template = tokenizer.chat_template
+    tokenizer.chat_template = None
+    try:
+        assert encode_prompt(tokenizer, mt) == list(tokenizer("q1", add_special_tokens=True)["input_ids"])
+    finally:
+        tokenizer.chat_template = template
 
 
 @pytest.mark.parametrize(

@@ -63,9 +63,10 @@ def test_preset_dry_runs_without_weights(work, preset, expect):
 def test_kimi_plan_numbers(work):
     out = dry_run(work, "--configfile", "configs/kimi-k2.5.yaml")
     plan = re.search(r"draftpipe plan .*", out).group(0)
-    # 80 MT-bench + 1319 GSM8K prompts, none empty or repeated; 74 of them in the eval split (5 %, by content id);
-    # 1 sample each; hidden states of 3 aux + last layer x 7168 x 2 bytes
-    assert "1399 prompts -> 1325 training samples" in plan
+    # 80 MT-bench + 1319 GSM8K prompts, none empty or repeated; 73 of them in the eval split (5 %, by content id);
+    # 1 sample each, of at most max_model_len 8192 tokens (an MT-bench conversation holds two answers of up to
+    # 4096 tokens); hidden states of 3 aux + last layer x 7168 x 2 bytes
+    assert "1399 prompts -> 1326 training samples of <= 8192 tokens" in plan
     assert "(4 x 7168 x bfloat16 per token)" in plan and "GiB" in plan
 
 

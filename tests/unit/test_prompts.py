@@ -11,7 +11,9 @@ from conftest import REPO, TINYSTORIES
 
 from draftpipe.formats.prompts import (
     PromptFormatError,
+    answered_prefix,
     is_eval,
+    is_unanswered,
     load_prompts,
     normalise_record,
     prompt_id,
@@ -35,7 +37,11 @@ def test_tinystories_default_set():
 
 def test_record_shapes_normalise_to_chat():
     assert normalise_record({"prompt": "hi"}, "f:1") == [{"role": "user", "content": "hi"}]
-    assert normalise_record({"turns": ["first", "second"]}, "f:1") == [{"role": "user", "content": "first"}]
+    assert normalise_record({"turns": ["first", "second"]}, "f:1") == [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": None},  # unanswered: the verifier writes it
+        {"role": "user", "content": "second"},
+    ]
     conv = {
         "conversations": [
             {"from": "system", "value": "be nice"},
@@ -198,3 +204,70 @@ def test_system_prompt_is_a_first_turn_and_part_of_the_fingerprint(tmp_path):
     }
     fp = lambda system: prompt_fingerprints([{"path": str(src)}], 0.0, 1, 0, system)["train"]
     assert fp(None) != fp("Be brief.") and fp("Be brief.") == fp("Be brief.")
+
+
+def test_unanswered_assistant_turns_mt_bench_and_null_content():
+    """MT-bench's later questions follow an unanswered assistant turn; a chat source marks one with null content.
+    Prompting stages send the part before the first one; a record with no question before it is dropped."""
+    mt = normalise_record({"turns": ["q1", "  ", "q2", "q3"]}, "f:1")  # a blank question asks nothing
+    assert [(m["role"], m["content"]) for m in mt] == [
+        ("user", "q1"),
+        ("assistant", None),
+        ("user", "q2"),
+        ("assistant", None),
+        ("user", "q3"),
+    ]
+    assert [is_unanswered(m) for m in mt] == [False, True, False, True, False]
+    assert answered_prefix(mt) == [{"role": "user", "content": "q1"}]
+    chat = normalise_record(
+        {
+            "messages": [
+                {"role": "user", "content": "q1"},
+                {"role": "assistant", "content": "a1"},
+                {"role": "user", "content": "q2"},
+                {"role": "assistant", "content": None},
+                {"role": "user", "content": "q3"},
+                {"role": "assistant", "content": None},  # trailing: removed as every trailing answer is
+            ]
+        },
+        "f:1",
+    )
+    assert [m["content"] for m in chat] == ["q1", "a1", "q2", None, "q3"]
+    assert answered_prefix(chat) == chat[:3]
+    assert answered_prefix(chat[:3]) == chat[:3]
+    # a tool call with null content is a call, not an unanswered turn
+    call = {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}
+    assert not is_unanswered(normalise_record({"messages": [{"role": "user", "content": "q"}, call]}, "f:1")[-1])
+    for empty in (
+        {"turns": ["  ", ""]},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": None}, chat[0]]},
+    ):
+        assert normalise_record(empty, "f:1") == []
+    with pytest.raises(PromptFormatError, match="f:1: 'turns' must be a list of strings"):
+        normalise_record({"turns": ["q1", 2]}, "f:1")
+
+
+def test_shipped_mt_bench_keeps_both_questions():
+    records, stats = load_prompts([{"path": str(REPO / "draftpipe/data/prompts/mt_bench_question.jsonl")}])
+    assert stats.read == stats.kept == 80
+    assert all([m["role"] for m in r["messages"]] == ["user", "assistant", "user"] for r in records)
+    assert all(len(answered_prefix(r["messages"])) == 1 for r in records)
+
+
+def test_the_plan_bounds_a_conversation_by_the_answers_the_verifier_writes():
+    """MT-bench's conversations hold two answers: the plan's token bound counts both, capped by max_model_len."""
+    import yaml
+
+    from draftpipe.workflow.fingerprint import prompt_fingerprints
+    from draftpipe.workflow.plan import sample_tokens
+
+    mt = {"path": str(REPO / "draftpipe/data/prompts/mt_bench_question.jsonl")}
+    fp = prompt_fingerprints([mt, {"path": str(TINYSTORIES)}], 0.25, 2, 0)
+    assert fp["train_answers"][2] + fp["train_answers"][1] == fp["train_prompts"]
+    assert 50 <= fp["train_answers"][2] <= 70 and 25 <= fp["train_answers"][1] <= 40  # 80 and 44, less a quarter
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg["completions"].update(samples_per_prompt=2, max_tokens=100)
+    cfg["verifier"]["max_model_len"] = 1000
+    assert sample_tokens(cfg, {1: 3, 2: 5}, 40.0) == (240, 2 * (3 * 140 + 5 * 240))
+    cfg["verifier"]["max_model_len"] = 200
+    assert sample_tokens(cfg, {1: 3, 2: 5}, 40.0) == (200, 2 * (3 * 140 + 5 * 200))

@@ -16,30 +16,9 @@ from draftpipe.formats.chat import (
     template_hash,
     template_kwargs,
 )
-from draftpipe.formats.prompts import record_where
+from draftpipe.formats.prompts import generation_points, record_where
 from draftpipe.inference.prompting import TOO_LONG_POLICIES, PromptTooLongError
 from draftpipe.stages.completions.settings import CompletionSettings, request_seed
-
-TURNS = ("all", "last")
-
-
-def generation_points(messages: list[dict], turns: str = "all") -> list[int]:
-    """Where the verifier answers in a conversation: the index of each assistant message of the source it
-    regenerates, and ``len(messages)`` for the answer to the last turn.
-
-    With ``turns="all"`` every assistant message is regenerated except one that calls tools (``tool_calls``): the
-    tool results after it answer that call, so the call stays as context, never trained on. With ``"last"`` only the
-    final answer is generated and the source's assistant turns stay as context.
-
-    Raises:
-        ValueError: ``turns`` is not one of :data:`TURNS`.
-    """
-    if turns not in TURNS:
-        raise ValueError(f"completions.turns: unknown value {turns!r} (use all or last)")
-    points = []
-    if turns == "all":
-        points = [i for i, m in enumerate(messages) if m["role"] == "assistant" and not m.get("tool_calls")]
-    return [*points, len(messages)]
 
 
 def answer_message(text: str, prompt_text: str, reasoning: str) -> tuple[dict, dict]:

@@ -8,7 +8,7 @@ from typing import Any
 from draftpipe.core.progress import vllm_progress
 from draftpipe.core.tokenizer_check import check_decoded, check_round_trip
 from draftpipe.formats.chat import template_hash, verifier_tokenizer
-from draftpipe.formats.prompts import record_where
+from draftpipe.formats.prompts import answered_prefix, record_where
 from draftpipe.inference.prompting import prepare_prompts
 from draftpipe.stages.completions.conversations import complete_conversations
 from draftpipe.stages.completions.settings import CompletionSettings, request_seed
@@ -98,7 +98,8 @@ def complete_plain(
     settings: CompletionSettings,
     progress: str | None = None,
 ) -> tuple[list[dict], dict]:
-    """Completions of a verifier without a chat template: the last user message as plain text, ``too_long`` as
+    """Completions of a verifier without a chat template: the last user message as plain text (of the part before
+    an unanswered assistant turn: :func:`draftpipe.formats.prompts.answered_prefix`), ``too_long`` as
     :func:`draftpipe.inference.prompting.fit_prompt` says.
 
     Returns:
@@ -141,7 +142,7 @@ def complete_plain(
                 {
                     "id": rec["id"],
                     "sample": j,
-                    "messages": rec["messages"],
+                    "messages": answered_prefix(rec["messages"]),
                     "prompt_token_ids": list(ids),
                     "prompt_text": tokenizer.decode(ids, skip_special_tokens=False),
                     "prompt_truncated": cut,

@@ -6,9 +6,6 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-#: ``completions.turns``: regenerate every assistant turn, or only the answer to the last one
-TURNS = ("all", "last")
-
 
 @dataclass(frozen=True)
 class CompletionSettings:
@@ -24,7 +21,7 @@ class CompletionSettings:
             (:func:`draftpipe.inference.prompting.fit_prompt`).
         chat_template: ``verifier.chat_template``: ``auto`` or ``required``.
         chat_template_file: ``verifier.chat_template_file`` as planned (None: the tokenizer's own template).
-        turns: ``completions.turns``, one of :data:`TURNS`.
+        turns: ``completions.turns``, one of :data:`draftpipe.formats.prompts.TURNS`.
         reasoning: ``completions.reasoning``: ``keep``, ``strip`` or ``off``.
     """
 
