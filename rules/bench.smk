@@ -33,6 +33,7 @@ rule bench_run:
         dtype=config["verifier"]["dtype"],
         rendering=RENDERING,
         too_long=config["completions"]["too_long"],  # the length policy of every stage that prompts the verifier
+        answer_tokens=config["completions"]["max_tokens"],  # the verifier's answers before a later benchmark turn
         untracked=job_settings("bench_run", config),  # shapes nothing: draftpipe/workflow/settings.py
     log:
         "results/logs/bench_run.log",
@@ -67,6 +68,7 @@ rule bench_serve:
         dtype=config["verifier"]["dtype"],
         rendering=RENDERING,
         too_long=config["completions"]["too_long"],
+        answer_tokens=config["completions"]["max_tokens"],
         untracked=job_settings("bench_serve", config),  # shapes nothing: draftpipe/workflow/settings.py
     log:
         job="results/logs/bench_serve.log",

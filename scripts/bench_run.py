@@ -22,7 +22,12 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
         s = p.settings
         job_s = read_job_settings(BenchRunJob, p.untracked)
         _, prompt_sets = job_prompt_sets(
-            p, snakemake.input.eval, job_s.chat_template_file, max_prompts=s["max_prompts"], stage="the benchmark"
+            p,
+            snakemake.input.eval,
+            job_s.chat_template_file,
+            max_prompts=s["max_prompts"],
+            stage="the benchmark",
+            engine=engine_parallelism(snakemake.resources.gpu),
         )
         summary, table = benchmark(
             p.verifier,

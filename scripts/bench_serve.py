@@ -26,6 +26,7 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns workers that re-run this 
             job_s.chat_template_file,
             max_prompts=s["num_prompts"],
             stage="the served benchmark",
+            engine=engine_parallelism(snakemake.resources.gpu),
         )
         summary = serve_sweep(
             p.verifier,

@@ -25,9 +25,9 @@ Accepted record shapes (the first key found wins, unless the source names ``fiel
   ...]``; ``function_call`` (a JSON ``{"name", "arguments"}``) becomes an assistant turn with that tool call,
   ``observation`` a tool turn; a ``tools`` key (a list, or its JSON text) becomes the record's ``tools``;
 - ``turns``: MT-bench, a list of user turns; an *unanswered* assistant turn (:data:`UNANSWERED`) is put between
-  each two of them: the verifier writes it in the completions stage, and every stage that only prompts the
-  verifier (benchmarks, the live check) sends the conversation up to its first unanswered turn
-  (:func:`answered_prefix`), i.e. MT-bench's first question;
+  each two of them: the verifier writes it in the completions stage; a stage that only prompts the verifier
+  sends the conversation up to its first unanswered turn (:func:`answered_prefix`), i.e. MT-bench's first question
+  (the benchmarks then ask the later ones after the verifier's own answers: :mod:`draftpipe.bench.prompts`);
 - ``prompt`` (or ``field``/``template``, :mod:`draftpipe.formats.prompt_fields`): plain text, taken as one user
   turn.
 

@@ -157,3 +157,38 @@ def test_the_loss_mask_covers_exactly_the_verifier_s_answers(smol_build, oracle)
             text = tok.decode(span)
             assert text.rstrip("\n").removesuffix("<|im_end|>") == turn["completion_text"].removesuffix("<|im_end|>")
             assert "<|im_start|>" not in text
+
+
+def test_the_benchmark_asks_mt_bench_s_second_question_after_the_verifier_s_own_answer(smol_build, oracle, tmp_path):
+    """The benchmark's later turns: MT-bench's second question in the set ``eval turn 2``, rendered by the GGUF's
+    template after the verifier's greedy answer in vLLM, which equals transformers' from the GGUF; a GSM8K question
+    (one turn) has no later turn."""
+    import torch
+
+    from draftpipe.bench.prompts import GreedyAnswerer, benchmark_prompt_sets
+    from draftpipe.formats.chat import template_kwargs
+    from draftpipe.formats.prompts import load_prompts
+
+    work, _, _ = smol_build
+    tok, model = oracle
+    mt, _ = load_prompts([{"path": str(REPO / "draftpipe/data/prompts/mt_bench_question.jsonl"), "max_records": 2}])
+    gsm, _ = load_prompts([{"path": str(REPO / "draftpipe/data/prompts/gsm8k_test.jsonl"), "field": "question"}])
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*mt, gsm[0]]))
+    verifier = str(work / "results" / "verifier")
+    answerer = GreedyAnswerer(verifier, dtype="float32", max_model_len=2048)
+    rendering = {"chat_template_sha256": None, "system_prompt": None, "template_kwargs": template_kwargs("off")}
+    sets = benchmark_prompt_sets(
+        tok, str(tmp_path / "eval.jsonl"), [], rendering, max_model_len=2048, max_tokens=16, max_prompts=8,
+        too_long="error", answer=answerer, answer_tokens=12,
+    )  # fmt: skip
+    answerer.close()
+    assert [p["id"] for p in sets["eval"]] == [r["id"] for r in [*mt, gsm[0]]]
+    assert [p["id"] for p in sets["eval turn 2"]] == [r["id"] for r in mt] and len(sets) == 2
+    for rec, first, second in zip(mt, sets["eval"], sets["eval turn 2"]):
+        q1, _, q2 = rec["messages"]
+        ids = first["prompt_token_ids"]
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids) :]
+        reply = {"role": "assistant", "content": tok.decode(out, skip_special_tokens=True)}
+        want = tok.apply_chat_template([q1, reply, q2], add_generation_prompt=True, tokenize=False)
+        assert second["prompt_token_ids"] == tok(want, add_special_tokens=False)["input_ids"], rec["id"]
