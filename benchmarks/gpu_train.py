@@ -183,24 +183,23 @@ def peak_tflops(name: str, override: float | None) -> float | None:
 
 
 def loaders(data: dict, seq: int, dtype, epochs_of_batches: int):
-    """The packed training batches of the shards (speculators' collation), ``epochs_of_batches`` epochs' worth."""
+    """The product's DataLoader of the shards (``packed_loader``: speculators' collation, the product's worker
+    processes on a GPU) and ``epochs_of_batches`` epochs of its packed training batches."""
     import torch
-    from speculators.models.eagle3.data import shift_batch
-    from speculators.train.data import CollateFn
-    from torch.utils.data import DataLoader
 
     from draftpipe.formats.hidden_states import read_shard_metadata
-    from draftpipe.stages.draft.data import ShardDataset
-    from draftpipe.stages.draft.ranks import StepBatchSampler
+    from draftpipe.stages.draft.data import ShardDataset, loader_workers, packed_loader
+    from draftpipe.stages.draft.settings import DraftSettings
 
     hidden = read_shard_metadata(data["shards"][0])["hidden_size"]
     ds = ShardDataset(data["shards"], seq, "train", 0, dtype)
-    sampler = StepBatchSampler(ds.approx_lengths, seq, 1, 0, 1, 0)
-    collate = CollateFn(seq, hidden, num_target_layers=len(data["aux"]), dtype=dtype, preprocess=shift_batch)
-    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, pin_memory=torch.cuda.is_available())
+    on_gpu = torch.cuda.is_available()
+    workers = loader_workers(on_gpu, torch.get_num_threads())
+    s = DraftSettings(total_seq_len=seq, batches_per_step=1, seed=0)
+    loader = packed_loader(ds, s, hidden, len(data["aux"]), (0, 1), workers=workers, pin_memory=on_gpu)
     batches = []
     for epoch in range(epochs_of_batches):
-        sampler.set_epoch(epoch)
+        loader.batch_sampler.set_epoch(epoch)
         batches += list(loader)
     return loader, batches
 
@@ -267,7 +266,8 @@ def time_steps(data, head_dim, seq, attn, loss_prefer, steps, device, flops, pea
 
 def compare_trainers(data, head_dim, seq, device, work: Path) -> dict:
     """The wall time of the second epoch of the product's trainer and of speculators' ``Trainer``: same initial
-    weights, batches (one packed batch per step), loss and optimizer settings."""
+    weights, batches (one packed batch per step, the product's loader for both: worker processes read ahead on a GPU), loss
+    and optimizer settings."""
     import torch
     from speculators.train.trainer import Trainer, TrainerConfig
 

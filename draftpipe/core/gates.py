@@ -110,7 +110,8 @@ def check_train_samples(mask_sums: list[int], min_samples: int, shards: list[str
 
 
 def check_finite_loss(loss: float, epoch: int, step: int, batch: int) -> None:
-    """Gate of draft training: a loss that is NaN or infinite stops training before the optimizer applies it.
+    """Gate of draft training: a loss that is NaN or infinite stops training before a checkpoint holds it (the
+    trainer checks a step's losses once the next step is queued on the device).
 
     Raises:
         QualityGateError: ``loss`` is not finite; names the epoch, step and batch of the step. The checkpoints of

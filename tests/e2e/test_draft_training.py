@@ -342,12 +342,14 @@ def test_ranks_must_divide_the_steps_batches(verifier_dir, shards, tmp_path):
     assert not (tmp_path / "w").exists()
 
 
-def test_a_non_finite_loss_stops_training_before_the_step(verifier_dir, shards, tmp_path):
+def test_a_non_finite_loss_stops_training_before_a_checkpoint_holds_it(verifier_dir, shards, tmp_path):
     # a learning rate of 1e30 overflows the weights after the first step: the next loss is not finite. Training at a
-    # sane rate passes the same check on every batch (the fixtures above).
+    # sane rate passes the same check on every batch (the fixtures above). A checkpoint is asked for after every
+    # step: the first step's is written, none holds the weights the non-finite loss came from.
     import torch
 
     from draftpipe.core.gates import QualityGateError
+    from draftpipe.stages.draft.checkpoint import TRAINING_STATE, latest_checkpoint
     from draftpipe.stages.draft.settings import DraftSettings
     from draftpipe.stages.draft.training import train_draft
 
@@ -355,7 +357,7 @@ def test_a_non_finite_loss_stops_training_before_the_step(verifier_dir, shards, 
     torch.manual_seed(0)
     with pytest.raises(
         QualityGateError,
-        match=r"^draft training: the loss is (nan|inf|-inf) at epoch 0, step \d+ "
+        match=r"^draft training: the loss is (nan|inf|-inf) at epoch 0, step 2 "
         r"\(batch 0 of the step\), not finite; lower draft.lr",
     ):
         train_draft(
@@ -364,8 +366,13 @@ def test_a_non_finite_loss_stops_training_before_the_step(verifier_dir, shards, 
             maps,
             str(tmp_path / "w"),
             DraftSettings(epochs=1, lr=1e30, total_seq_len=256, val_every=5, seed=0),
+            checkpoints_per_epoch=1000,
             threads=1,
         )
+    epoch, saved = latest_checkpoint(tmp_path / "w")
+    assert (epoch, saved.name) == (0, "0-step1")
+    state = torch.load(saved / TRAINING_STATE, weights_only=True)
+    assert state["local_step"] == 1 and all(torch.isfinite(v).all() for v in state["model"].values())
 
 
 def test_shards_of_two_chat_templates_are_refused(verifier_dir, shards, tmp_path):

@@ -187,3 +187,47 @@ def test_the_compile_caches_go_under_the_workflow_unless_the_user_chose(tmp_path
     }
     assert env["TRITON_CACHE_DIR"] == "/scratch/mine"  # the user's own is kept
     assert use_compile_cache(tmp_path / "other", env) == {}  # a second call changes nothing
+
+
+def test_loader_workers_read_the_same_batches_in_the_same_order(tmp_path):
+    import torch
+
+    from draftpipe.formats.hidden_states import quantize_sample, write_shard
+    from draftpipe.stages.draft.data import MAX_LOADER_WORKERS, ShardDataset, loader_workers, packed_loader
+    from draftpipe.stages.draft.settings import DraftSettings
+
+    assert [loader_workers(False, 64), loader_workers(True, 64, streamed=True)] == [0, 0]
+    assert [loader_workers(True, n) for n in (1, 2, 3, 64)] == [1, 1, 2, MAX_LOADER_WORKERS]
+    g = torch.Generator().manual_seed(4)
+    paths = []
+    for j, dtype in enumerate(("bfloat16", "float8_e4m3fn")):
+        samples = []
+        for t in torch.randint(5, 40, (9,), generator=g).tolist():
+            mask = torch.zeros(t, dtype=torch.uint8)
+            mask[t // 3 :] = 1
+            sample = {
+                "input_ids": torch.randint(0, 256, (t,), generator=g),
+                "loss_mask": mask,
+                "hidden_states": torch.randn(t, 3 * 16, generator=g),
+                "verifier_last_hidden_states": torch.randn(t, 16, generator=g),
+            }
+            samples.append(quantize_sample(sample, dtype))
+        paths.append(str(tmp_path / f"{j}.safetensors"))
+        write_shard(paths[-1], samples, {"aux_layer_ids": [1, 2, 4], "hidden_size": 16})
+    ds = ShardDataset(paths, 64, "train", 0, torch.float32)
+    s = DraftSettings(total_seq_len=64, batches_per_step=2, seed=7)
+
+    def epochs(workers):
+        loader = packed_loader(ds, s, 16, 3, (0, 1), workers=workers)
+        out = []
+        for epoch in (0, 1):  # the same worker processes serve both epochs, each epoch in its own order
+            loader.batch_sampler.set_epoch(epoch)
+            out.append([{k: v.clone() for k, v in b.items() if isinstance(v, torch.Tensor)} for b in loader])
+        return out
+
+    here, ahead = epochs(0), epochs(2)
+    assert [len(e) for e in here] == [len(e) for e in ahead] and len(here[0]) >= 4
+    assert any(not torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(*here))  # the epochs differ
+    for a, b in zip(here[0] + here[1], ahead[0] + ahead[1]):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert here[0][0]["hidden_states"].shape == (1, 64, 3 * 16)

@@ -3,9 +3,12 @@ training tokens go when samples are packed into batches."""
 
 from __future__ import annotations
 
-from speculators.train.data import BaseDataset
+from speculators.models.eagle3.data import shift_batch
+from speculators.train.data import BaseDataset, CollateFn
+from torch.utils.data import DataLoader
 
 from draftpipe.formats.hidden_states import SCALE_KEYS, dequantize_sample, iter_shard
+from draftpipe.stages.draft.ranks import StepBatchSampler
 
 
 def window_accounting(lengths: list[int], trained: list[int], trained_in_window: list[int], max_len: int) -> dict:
@@ -53,6 +56,41 @@ def accounting_line(split: str, a: dict, max_len: int) -> str:
             "them"
         )
     return line
+
+
+#: DataLoader worker processes of one training rank on an accelerator, at most
+MAX_LOADER_WORKERS = 4
+
+
+def loader_workers(on_gpu: bool, cpus: int, streamed: bool = False) -> int:
+    """DataLoader worker processes that read and pack one training rank's batches ahead of its steps.
+
+    None on a machine without an accelerator (the draft trains on the cores the workers would take) and none for
+    streamed states (the :class:`draftpipe.stages.draft.stream.Spool` is read by the process that owns it). On an
+    accelerator, the rank's CPUs less its own thread (``cpus``, its ``threads`` share), at least 1 and at most
+    :data:`MAX_LOADER_WORKERS`: reading and packing one batch of an 8B verifier's states (8,192 tokens, 4 x 4,096
+    bfloat16 states per token) takes about 0.2 s of one CPU core, longer than its draft's training step on an H200
+    (about 0.12 s), so in the trainer's own process it would leave the device idle (speculators' loader uses worker
+    processes for the same reason)."""
+    if not on_gpu or streamed:
+        return 0
+    return max(1, min(MAX_LOADER_WORKERS, cpus - 1))
+
+
+def packed_loader(ds, s, hidden_size: int, aux_layers: int, rank_of: tuple[int, int], *, workers: int = 0,
+                  pin_memory: bool = False):  # fmt: skip
+    """The DataLoader of a training rank: ``[1, s.total_seq_len]`` packed batches of ``ds`` (speculators'
+    ``CollateFn`` and ``shift_batch``; states ``[1, T, aux_layers * hidden_size]`` in ``ds.hidden_states_dtype``),
+    the batches of each step from :class:`draftpipe.stages.draft.ranks.StepBatchSampler` (speculators' multipack
+    packing, ``s.batches_per_step`` per step shared by the ranks; ``rank_of`` = ``(rank, world size)``). The order
+    is the sampler's, drawn in this process: ``workers`` processes (:func:`loader_workers`, kept from epoch to
+    epoch) change when a batch is read, never which."""
+    sampler = StepBatchSampler(ds.approx_lengths, s.total_seq_len, s.batches_per_step, *rank_of, s.seed)
+    collate = CollateFn(
+        s.total_seq_len, hidden_size, num_target_layers=aux_layers, dtype=ds.hidden_states_dtype, preprocess=shift_batch
+    )
+    return DataLoader(ds, batch_sampler=sampler, num_workers=workers, persistent_workers=workers > 0,
+                      pin_memory=pin_memory, collate_fn=collate)  # fmt: skip
 
 
 class SplitDataset(BaseDataset):

@@ -157,6 +157,32 @@ class ExactCheckpointer(SingleGPUCheckpointer):
         return None
 
 
+class StepValues:
+    """A training step's losses (one per packed batch, this rank's) and metric sums (over the ranks), on their way
+    to the host without stalling the device: on an accelerator they are copied into pinned memory behind the
+    step's work, and :meth:`read` waits for that copy only, so the trainer reads a step's values once the next
+    step is queued (speculators' loop reads its metrics every ``log_freq`` steps for the same reason)."""
+
+    def __init__(self, losses: list[torch.Tensor], sums: dict[str, torch.Tensor], record: dict):
+        self.record, self.keys, self.n = record, list(sums), len(losses)
+        values = torch.stack([v.float().reshape(()) for v in [*losses, *sums.values()]])
+        self.event = None
+        if values.device.type == "cpu":
+            self.host = values
+        else:
+            self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self.host.copy_(values, non_blocking=True)
+            self.event = torch.Event(device=values.device)
+            self.event.record()
+
+    def read(self) -> tuple[list[float], dict[str, float]]:
+        """``(losses, {metric: sum})`` as Python floats, once the device has computed them."""
+        if self.event is not None:
+            self.event.synchronize()
+        values = self.host.tolist()
+        return values[: self.n], dict(zip(self.keys, values[self.n :], strict=True))
+
+
 class ResumableTrainer(Trainer):
     """speculators' Trainer, placed on the CPU when the machine has no accelerator (it assumes ``cuda:rank``),
     that saves an exact, atomically written checkpoint after each epoch and resumes from the last one, and
@@ -258,7 +284,10 @@ class ResumableTrainer(Trainer):
     def train_epoch(self, epoch: int):
         """One epoch of steps, each the mean gradient of the step's ``batches_per_step`` packed batches
         (this rank's share, gradients accumulated, then averaged over the ranks by DDP), clipped to norm 1,
-        then the optimizer and scheduler steps. A resumed epoch starts after the steps already trained."""
+        then the optimizer and scheduler steps. A resumed epoch starts after the steps already trained.
+
+        The host waits for the device once a step, for the step before (:class:`StepValues`): a non-finite loss
+        stops training one step after it was applied, before any checkpoint holds it."""
         self.model.train()
         sampler = self.train_loader.batch_sampler
         sampler.set_epoch(epoch)
@@ -274,9 +303,11 @@ class ResumableTrainer(Trainer):
         # progress for a person, from rank 0: steps of this epoch, their rate, the ETA, the step's loss
         what = f"draft epoch {epoch + 1}/{self.config.num_epochs}"
         bar = Progress(what, steps - skip, "steps") if current_rank() == 0 and steps > skip else None
+        pending = None
         for local_step in range(skip + 1, steps + 1):
             self._optimizers_zero_grad()
             sums: dict = {}
+            losses, errors = [], 0.0
             for i in range(k):
                 batch = next(batches)
                 sync = contextlib.nullcontext()
@@ -287,28 +318,45 @@ class ResumableTrainer(Trainer):
                 with sync:
                     with torch.autocast(self.device_type, dtype=self.config.hidden_states_dtype):
                         _, loss, metrics = self.model(**self._to_device(batch), **call_kw)
-                    check_finite_loss(float(loss.detach()), epoch, local_step, i)
                     (loss if k == 1 else loss / k).backward()
-                metrics["error_records_sum"] = torch.tensor(float(batch["error_records"]), device=loss.device)
-                metrics["error_records_total"] = torch.tensor(1.0, device=loss.device)
+                losses.append(loss.detach())
+                errors += float(batch["error_records"])
                 _add_metrics(sums, metrics)
+            sums["error_records_sum"] = torch.tensor(errors, device=loss.device)
+            sums["error_records_total"] = torch.tensor(float(k), device=loss.device)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             lr = self.optimizers[0].param_groups[0]["lr"]
             self._optimizers_step()
             self._schedulers_step()
-            train = self._reduce(sums)
-            record = {"train": train, "epoch": epoch, "lr": lr, "global_step": self.global_step}
-            if self.loss_impl:
-                record["loss_impl"] = self.loss_impl
-            metric_logger.info(
-                record,
-                extra={"step": self.global_step},
-            )
-            if bar is not None:
-                bar.update(1, extra=f"loss {train['loss']:.4f}" if "loss" in train else "")
+            if pending is not None:  # the step before: the device has this step queued behind it
+                self._log_step(pending, bar)
+            if self.is_distributed:
+                sums = _all_reduce_metrics(sums)
+            record = {"epoch": epoch, "lr": lr, "global_step": self.global_step, "local_step": local_step}
+            pending = StepValues(losses, sums, record)
             self.global_step += 1
             if interval is not None and local_step % interval == 0 and steps - local_step >= interval * MIN_STEP_PCT:
+                self._log_step(pending, bar)  # a checkpoint holds only checked steps
+                pending = None
                 self.maybe_save_checkpoint(epoch, local_step=local_step)
+        if pending is not None:
+            self._log_step(pending, bar)
+
+    def _log_step(self, step: StepValues, bar: Progress | None) -> None:
+        """Check a trained step's losses (:func:`draftpipe.core.gates.check_finite_loss`) and log its metrics
+        (speculators' ``speculators.metrics`` record, the progress bar); waits for the device to reach the end of
+        that step only."""
+        losses, sums = step.read()
+        info = step.record
+        for i, value in enumerate(losses):
+            check_finite_loss(value, info["epoch"], info["local_step"], i)
+        train = normalize_counted_metrics(sums, 1)
+        record = {"train": train, "epoch": info["epoch"], "lr": info["lr"], "global_step": info["global_step"]}
+        if self.loss_impl:
+            record["loss_impl"] = self.loss_impl
+        metric_logger.info(record, extra={"step": info["global_step"]})
+        if bar is not None:
+            bar.update(1, extra=f"loss {train['loss']:.4f}" if "loss" in train else "")
 
     @torch.no_grad()
     def val_epoch(self, epoch: int):

@@ -40,10 +40,10 @@ from draftpipe.formats.hidden_states import read_shard_metadata, shards_aux_laye
 from draftpipe.formats.vocab import read_maps
 from draftpipe.stages.draft import attention
 from draftpipe.stages.draft.checkpoint import TRAINING_STATE
-from draftpipe.stages.draft.data import ShardDataset, accounting_line
+from draftpipe.stages.draft.data import ShardDataset, accounting_line, loader_workers, packed_loader
 from draftpipe.stages.draft.loss import training_loss
 from draftpipe.stages.draft.metrics import epoch_metrics
-from draftpipe.stages.draft.ranks import StepBatchSampler, check_batches_per_step, init_ranks, launch
+from draftpipe.stages.draft.ranks import check_batches_per_step, init_ranks, launch
 from draftpipe.stages.draft.settings import DraftSettings
 from draftpipe.stages.draft.stream import Spool, StreamDataset, StreamSettings, plan_units, split_devices
 from draftpipe.stages.draft.trainer import ResumableTrainer, current_rank, world_size
@@ -229,10 +229,7 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
                 fsdp: bool = False, spool: Spool | None = None, loss_implementation: str = "auto"):  # fmt: skip
     """:func:`train_draft` in this process (one rank, or one of several under torchrun)."""
     import torch
-    from speculators.models.eagle3.data import shift_batch
-    from speculators.train.data import CollateFn
     from speculators.train.trainer import TrainerConfig
-    from torch.utils.data import DataLoader
 
     on_gpu = torch.accelerator.current_accelerator() is not None
     # speculators trains under bfloat16 autocast (right on GPUs). On a CPU, bfloat16 matmuls without native support
@@ -249,23 +246,16 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
     hidden_size = model.config.transformer_layer_config.hidden_size
     rank, size = current_rank(), world_size()
     loss = training_loss(s.loss_fn, on_gpu, vd, prefer=loss_implementation)
+    workers = loader_workers(on_gpu, torch.get_num_threads(), streamed=spool is not None)
     if rank == 0:
         for split, ds in (("train", train_ds), ("validation", val_ds)):
             print(accounting_line(split, ds.accounting, s.total_seq_len), flush=True)
         print(loss.log_line(), flush=True)
+        if workers:
+            print(f"draft data: {workers} loader worker process(es) per rank read the batches ahead", flush=True)
 
     def loader(ds):
-        # speculators' collation; the batches of each step from StepBatchSampler (speculators' multipack packing)
-        sampler = StepBatchSampler(ds.approx_lengths, s.total_seq_len, s.batches_per_step, rank, size, s.seed)
-        return DataLoader(
-            ds,
-            batch_sampler=sampler,
-            num_workers=0,
-            pin_memory=on_gpu,
-            collate_fn=CollateFn(
-                s.total_seq_len, hidden_size, num_target_layers=len(aux_ids), dtype=hs_dtype, preprocess=shift_batch
-            ),
-        )
+        return packed_loader(ds, s, hidden_size, len(aux_ids), (rank, size), workers=workers, pin_memory=on_gpu)
 
     train_loader = loader(train_ds)
     val_loader = loader(val_ds) if len(val_ds) else None
