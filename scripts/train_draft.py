@@ -77,6 +77,7 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
             nodes=job_s.nodes,
             stream=stream,
             loss_implementation=job_s.loss_implementation,
+            loader_workers=job_s.loader_workers,
         )
         with atomic_path(metrics) as tmp:
             metrics_frame(rows).to_csv(tmp, index=False)

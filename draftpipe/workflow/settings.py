@@ -53,7 +53,8 @@ class HiddenStatesJob:
 @dataclass(frozen=True)
 class DraftJob:
     """``draft``: the training-set gate, ranks per node (:func:`draftpipe.core.gpus.draft_ranks`), nodes, FSDP,
-    checkpoints per epoch, the loss implementation (:func:`draftpipe.stages.draft.loss.training_loss`); with
+    checkpoints per epoch, the loss implementation (:func:`draftpipe.stages.draft.loss.training_loss`), the loader's
+    worker processes (:func:`draftpipe.stages.draft.data.loader_workers`); with
     ``hidden_states.storage: stream``, the spool's budget in bytes, the vLLM producer's devices
     (``resources.hidden_states.gpus``) and its share of their memory
     (:func:`draftpipe.workflow.storage.stream_gpu_memory`), and the empty-mask gate of the shards it replaces."""
@@ -68,6 +69,7 @@ class DraftJob:
     max_empty_mask_fraction: float
     stream_gpu_memory: float
     loss_implementation: str = "auto"
+    loader_workers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,7 @@ def _settings(rule: str, config: dict) -> Any:
             config["hidden_states"]["max_empty_mask_fraction"],
             stream_gpu_memory(res),
             d["loss_implementation"],
+            d["loader_workers"],
         )
     if rule == "compat_report":
         return ReportJob(verifier["chat_template_file"], config["prompts"]["eval_fraction"])

@@ -31,11 +31,12 @@ torch.set_num_threads(1)
 from draftpipe.stages.draft.export import export_draft
 from draftpipe.stages.draft.settings import DraftSettings
 from draftpipe.stages.draft.training import train_draft
-verifier, shards, maps, work, out, epochs, per_epoch, ranks, per_step, fsdp, loss, ttt = sys.argv[1:13]
+verifier, shards, maps, work, out, epochs, per_epoch, ranks, per_step, fsdp, loss, ttt, workers = sys.argv[1:14]
 settings = DraftSettings(epochs=int(epochs), lr=3e-3, total_seq_len=256, val_every=5, seed=0,
                          batches_per_step=int(per_step), ttt_steps=int(ttt))
 checkpoint, rows = train_draft(verifier, shards.split(","), maps, work, settings, checkpoints_per_epoch=int(per_epoch),
-                               ranks=int(ranks), threads=2, fsdp=fsdp == "fsdp", loss_implementation=loss)
+                               ranks=int(ranks), threads=2, fsdp=fsdp == "fsdp", loss_implementation=loss,
+                               loader_workers=None if workers == "auto" else int(workers))
 export_draft(checkpoint, out + "/model.safetensors", out + "/config.json", [1, 2, 4], "verifier")
 with open(out + "/metrics.json", "w") as fh:
     json.dump(rows, fh)
@@ -76,7 +77,18 @@ def shards(verifier_dir, tmp_path_factory):
 
 
 def _train_cmd(
-    verifier_dir, shards, work, out, per_epoch=1, ranks=1, per_step=1, mode="ddp", loss="auto", epochs=EPOCHS, ttt=3
+    verifier_dir,
+    shards,
+    work,
+    out,
+    per_epoch=1,
+    ranks=1,
+    per_step=1,
+    mode="ddp",
+    loss="auto",
+    epochs=EPOCHS,
+    ttt=3,
+    workers="auto",
 ):
     paths, maps = shards
     out.mkdir(parents=True, exist_ok=True)
@@ -96,6 +108,7 @@ def _train_cmd(
         mode,
         loss,
         str(ttt),
+        str(workers),
     ]
 
 
@@ -112,6 +125,7 @@ def reference(verifier_dir, shards, tmp_path_factory):
     )
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
     assert "resuming from epoch" not in ref.stdout
+    assert "loader worker" not in ref.stdout  # automatic on a CPU: none
     return tmp / "out"
 
 
@@ -172,6 +186,18 @@ def test_training_killed_after_a_checkpoint_resumes_to_identical_bytes(
     rows = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert [r["epoch"] for r in rows] == list(range(EPOCHS))
     assert rows == json.loads((reference / "metrics.json").read_text())
+
+
+def test_loader_worker_processes_train_the_same_bytes(verifier_dir, shards, reference, tmp_path):
+    # resources.draft.loader_workers on a CPU (automatic there: none): two processes, kept from epoch to epoch, read
+    # the training and validation batches ahead; the draft and its metrics are the uninterrupted run's
+    run = _train(verifier_dir, shards, tmp_path, workers=2)
+    assert "draft data: 2 loader worker process(es) per rank read the batches ahead" in run.stdout
+    for name in ("model.safetensors", "config.json"):
+        assert sha256_file(tmp_path / "out" / name) == sha256_file(reference / name), name
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text()) == json.loads(
+        (reference / "metrics.json").read_text()
+    )
 
 
 def _train(verifier_dir, shards, tmp, **kw):

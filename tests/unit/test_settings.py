@@ -88,7 +88,7 @@ def test_untracked_job_settings_are_typed_and_left_out_of_the_params_trigger():
 
     config = yaml.safe_load((SCHEMA.parents[2] / "config.yaml").read_text(encoding="utf-8"))
     validate_config(config)
-    config["resources"]["draft"].update(gpus=4, ranks=None, nodes=2, loss_implementation="eager")
+    config["resources"]["draft"].update(gpus=4, ranks=None, nodes=2, loss_implementation="eager", loader_workers=6)
     draft = read_job_settings(DraftJob, job_settings("draft", config))
     assert draft == DraftJob(
         min_train_samples=config["draft"]["min_train_samples"],
@@ -101,6 +101,7 @@ def test_untracked_job_settings_are_typed_and_left_out_of_the_params_trigger():
         max_empty_mask_fraction=config["hidden_states"]["max_empty_mask_fraction"],
         stream_gpu_memory=0.9,  # the trainer on GPUs of its own
         loss_implementation="eager",
+        loader_workers=6,
     )
     completions = read_job_settings(CompletionsJob, job_settings("completions", config))
     assert completions.max_truncated_fraction == config["completions"]["max_truncated_fraction"]

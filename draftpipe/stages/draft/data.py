@@ -62,17 +62,22 @@ def accounting_line(split: str, a: dict, max_len: int) -> str:
 MAX_LOADER_WORKERS = 4
 
 
-def loader_workers(on_gpu: bool, cpus: int, streamed: bool = False) -> int:
-    """DataLoader worker processes that read and pack one training rank's batches ahead of its steps.
+def loader_workers(on_gpu: bool, cpus: int, streamed: bool = False, asked: int | None = None) -> int:
+    """DataLoader worker processes that read and pack one training rank's batches ahead of its steps:
+    ``asked`` (``resources.draft.loader_workers``) when set, else automatic.
 
-    None on a machine without an accelerator (the draft trains on the cores the workers would take) and none for
-    streamed states (the :class:`draftpipe.stages.draft.stream.Spool` is read by the process that owns it). On an
-    accelerator, the rank's CPUs less its own thread (``cpus``, its ``threads`` share), at least 1 and at most
-    :data:`MAX_LOADER_WORKERS`: reading and packing one batch of an 8B verifier's states (8,192 tokens, 4 x 4,096
-    bfloat16 states per token) takes about 0.2 s of one CPU core, longer than its draft's training step on an H200
-    (about 0.12 s), so in the trainer's own process it would leave the device idle (speculators' loader uses worker
-    processes for the same reason)."""
-    if not on_gpu or streamed:
+    None for streamed states, whatever was asked (the :class:`draftpipe.stages.draft.stream.Spool` is read by the
+    process that owns it). Automatic: none on a machine without an accelerator (the draft trains on the cores the
+    workers would take); on an accelerator, the rank's CPUs less its own thread (``cpus``, its ``threads`` share),
+    at least 1 and at most :data:`MAX_LOADER_WORKERS`. Reading and packing one batch of an 8B verifier's states
+    (8,192 tokens, 4 x 4,096 bfloat16 states per token) takes about 0.2 s of one CPU core, longer than its draft's
+    training step on an H200 (about 0.12 s), so in the trainer's own process it would leave the device idle
+    (speculators' loader uses worker processes for the same reason)."""
+    if streamed:
+        return 0
+    if asked is not None:
+        return asked
+    if not on_gpu:
         return 0
     return max(1, min(MAX_LOADER_WORKERS, cpus - 1))
 

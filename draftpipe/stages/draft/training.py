@@ -38,9 +38,9 @@ from pathlib import Path
 from draftpipe.formats.chat import common_template
 from draftpipe.formats.hidden_states import read_shard_metadata, shards_aux_layer_ids
 from draftpipe.formats.vocab import read_maps
-from draftpipe.stages.draft import attention
+from draftpipe.stages.draft import attention, data
 from draftpipe.stages.draft.checkpoint import TRAINING_STATE
-from draftpipe.stages.draft.data import ShardDataset, accounting_line, loader_workers, packed_loader
+from draftpipe.stages.draft.data import ShardDataset, accounting_line, packed_loader
 from draftpipe.stages.draft.loss import training_loss
 from draftpipe.stages.draft.metrics import epoch_metrics
 from draftpipe.stages.draft.ranks import check_batches_per_step, init_ranks, launch
@@ -110,6 +110,7 @@ def train_draft(
     nodes: int = 1,
     stream: StreamSettings | None = None,
     loss_implementation: str = "auto",
+    loader_workers: int | None = None,
 ) -> tuple[Path, list[dict]]:
     """Train the draft; return the directory of the final epoch's checkpoint and the per-epoch metrics.
 
@@ -130,7 +131,8 @@ def train_draft(
     states, gathered on rank 0.
 
     ``loss_implementation`` (``auto``, ``fused`` or ``eager``: :func:`draftpipe.stages.draft.loss.training_loss`)
-    changes the draft, like ``fsdp``, only by floating-point rounding.
+    changes the draft, like ``fsdp``, only by floating-point rounding. ``loader_workers`` (None: automatic,
+    :func:`draftpipe.stages.draft.data.loader_workers`) changes when batches are read, never which.
 
     ``stream`` (``hidden_states.storage: stream``): ``shards`` are the completions shards, and the hidden states
     come from a vLLM producer as training reads them, within ``stream.budget`` bytes of disk
@@ -145,7 +147,8 @@ def train_draft(
     world = max(1, ranks) * max(1, nodes)
     check_batches_per_step(s.batches_per_step, world)  # before any rank starts
     job = {"verifier_dir": verifier_dir, "shards": shards, "vocab_maps": vocab_maps, "work_dir": work_dir, "s": s,
-           "checkpoints_per_epoch": checkpoints_per_epoch, "loss_implementation": loss_implementation}  # fmt: skip
+           "checkpoints_per_epoch": checkpoints_per_epoch, "loss_implementation": loss_implementation,
+           "loader_workers": loader_workers}  # fmt: skip
     if stream is not None:
         if world > 1:
             raise ValueError(f"hidden_states.storage: stream trains with one rank, not {world}")
@@ -226,7 +229,8 @@ def _datasets(shards, s: DraftSettings, hs_dtype, spool: Spool | None):
 
 
 def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, checkpoints_per_epoch: int,
-                fsdp: bool = False, spool: Spool | None = None, loss_implementation: str = "auto"):  # fmt: skip
+                fsdp: bool = False, spool: Spool | None = None, loss_implementation: str = "auto",
+                loader_workers: int | None = None):  # fmt: skip
     """:func:`train_draft` in this process (one rank, or one of several under torchrun)."""
     import torch
     from speculators.train.trainer import TrainerConfig
@@ -246,7 +250,7 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
     hidden_size = model.config.transformer_layer_config.hidden_size
     rank, size = current_rank(), world_size()
     loss = training_loss(s.loss_fn, on_gpu, vd, prefer=loss_implementation)
-    workers = loader_workers(on_gpu, torch.get_num_threads(), streamed=spool is not None)
+    workers = data.loader_workers(on_gpu, torch.get_num_threads(), streamed=spool is not None, asked=loader_workers)
     if rank == 0:
         for split, ds in (("train", train_ds), ("validation", val_ds)):
             print(accounting_line(split, ds.accounting, s.total_seq_len), flush=True)
