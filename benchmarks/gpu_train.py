@@ -17,6 +17,11 @@ The parts (``--parts``, comma-separated; all by default):
   this script counts (:func:`flops_per_token`) as a fraction of the device's peak (``--peak-tflops``, else the
   table :data:`PEAK_BF16_TFLOPS`). Each attention of ``--attention`` with the fused loss, and flex attention with
   the eager loss (the ratio the fused loss buys).
+- ``loader``: seconds per packed batch of reading and packing the shards in bfloat16 (the draft job's
+  :func:`draftpipe.stages.draft.data.packed_loader`, the second pass over them, so from the page cache): in the
+  trainer's own process, with one worker process, and with the workers the draft job starts on a GPU
+  (:func:`draftpipe.stages.draft.data.loader_workers` of this process's threads), each against the ``steps``
+  part's step time when it ran (below 1: the loader keeps up with the device).
 - ``trainers``: the product's trainer (:class:`draftpipe.stages.draft.trainer.ResumableTrainer`) against
   speculators' own loop (``speculators.train.trainer.Trainer`` with its defaults: it logs every step, as the
   product does) on the same draft, batches and loss: the wall time of the second epoch (the first compiles) of
@@ -264,6 +269,37 @@ def time_steps(data, head_dim, seq, attn, loss_prefer, steps, device, flops, pea
     return out
 
 
+def loader_part(data: dict, seq: int, device: str, step_s: float | None) -> dict:
+    """Seconds per packed batch of the draft job's loader over the shards (bfloat16, as on a GPU) with 0 worker
+    processes (read in this process), 1, and as many as the draft job starts on a GPU with this process's threads,
+    timed over the second epoch (the first starts the workers and fills the page cache); each over ``step_s``, the
+    training step's time, when given."""
+    import torch
+
+    from draftpipe.formats.hidden_states import read_shard_metadata
+    from draftpipe.stages.draft.data import ShardDataset, loader_workers, packed_loader
+    from draftpipe.stages.draft.settings import DraftSettings
+
+    hidden = read_shard_metadata(data["shards"][0])["hidden_size"]
+    ds = ShardDataset(data["shards"], seq, "train", 0, torch.bfloat16)
+    s = DraftSettings(total_seq_len=seq, batches_per_step=1, seed=0)
+    workers = loader_workers(True, torch.get_num_threads())
+    result: dict = {"workers": workers, "threads": torch.get_num_threads()}
+    for n in sorted({0, 1, workers}):
+        loader = packed_loader(ds, s, hidden, len(data["aux"]), (0, 1), workers=n, pin_memory=device.startswith("cuda"))
+        times = []
+        for epoch in (0, 1):
+            loader.batch_sampler.set_epoch(epoch)
+            t0 = time.perf_counter()
+            batches = sum(1 for _ in loader)
+            times.append((time.perf_counter() - t0) / batches)
+        result[f"workers_{n}_s_per_batch"] = round(times[1], 4)
+        if step_s:
+            result[f"workers_{n}_over_step"] = round(times[1] / step_s, 3)
+        del loader
+    return result
+
+
 def compare_trainers(data, head_dim, seq, device, work: Path) -> dict:
     """The wall time of the second epoch of the product's trainer and of speculators' ``Trainer``: same initial
     weights, batches (one packed batch per step, the product's loader for both: worker processes read ahead on a GPU), loss
@@ -467,6 +503,9 @@ def run_preset(preset: str, a, parts: set, grid: bool, pwork: Path, peak: float 
         if grid:
             run_part(f"{preset}.steps.{attns[0]}.eager_loss", out, time_steps, data, head_dim, a.seq, attns[0],
                      "eager", a.steps, a.device, flops["total"], peak)  # fmt: skip
+    if "loader" in parts:
+        step = (RESULTS.get(f"{preset}.steps.{a.attention.split(',')[0]}") or {}).get("step_s")
+        run_part(f"{preset}.loader", out, loader_part, data, a.seq, a.device, step)
     if "trainers" in parts:
         run_part(f"{preset}.trainers", out, compare_trainers, data, head_dim, a.seq, a.device, pwork)
     if "product" in parts:
@@ -480,7 +519,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="llama-3.1-8b-instruct,kimi-k2.5")
     ap.add_argument("--tiny", action="store_true", help="a tiny Llama instead of the presets (a trial run)")
-    ap.add_argument("--parts", default="loss,steps,trainers,product,torchrun")
+    ap.add_argument("--parts", default="loss,steps,loader,trainers,product,torchrun")
     ap.add_argument("--attention", default=None, help="attentions of the grid (GPU: flex, packed, sdpa)")
     ap.add_argument("--steps-presets", default="", help="presets of the attention/loss grid (default: the first)")
     ap.add_argument("--seq", type=int, default=8192, help="tokens per packed batch (draft.total_seq_len)")

@@ -17,7 +17,8 @@ moment: compare ratios, measured in the same run, not seconds across machines.
 | ``stream`` | the draft target with hidden states streamed against shards on disk: wall time, peak bytes (``stream_vs_disk.py``; full suite only) |
 
 Outside the suite, for a GPU machine: ``gpu_train.py`` (draft training at the size of a real verifier: tokens/s,
-fraction of the bf16 peak, memory, compile time, the trainer against speculators', torchrun with DDP and FSDP).
+fraction of the bf16 peak, memory, compile time, the loader against the step, the trainer against speculators',
+torchrun with DDP and FSDP).
 """
 
 from __future__ import annotations

@@ -189,15 +189,17 @@ def test_the_compile_caches_go_under_the_workflow_unless_the_user_chose(tmp_path
     assert use_compile_cache(tmp_path / "other", env) == {}  # a second call changes nothing
 
 
-def test_loader_workers_read_the_same_batches_in_the_same_order(tmp_path):
+def test_loader_workers_read_the_same_batches_in_the_same_order_and_change_no_sample(tmp_path):
     import torch
 
     from draftpipe.formats.hidden_states import quantize_sample, write_shard
     from draftpipe.stages.draft.data import MAX_LOADER_WORKERS, ShardDataset, loader_workers, packed_loader
     from draftpipe.stages.draft.settings import DraftSettings
 
-    assert [loader_workers(False, 64), loader_workers(True, 64, streamed=True)] == [0, 0]
-    assert [loader_workers(True, n) for n in (1, 2, 3, 64)] == [1, 1, 2, MAX_LOADER_WORKERS]
+    assert [loader_workers(False, 64), loader_workers(True, 64, streamed=True, asked=3)] == [0, 0]
+    # one worker alone is slower than none (a batch's trip through shared memory): two or more, or none
+    assert [loader_workers(True, n) for n in (1, 2, 3, 4, 64)] == [0, 0, 2, 3, MAX_LOADER_WORKERS]
+    assert loader_workers(False, 2, asked=2) == 2
     g = torch.Generator().manual_seed(4)
     paths = []
     for j, dtype in enumerate(("bfloat16", "float8_e4m3fn")):
@@ -225,9 +227,17 @@ def test_loader_workers_read_the_same_batches_in_the_same_order(tmp_path):
             out.append([{k: v.clone() for k, v in b.items() if isinstance(v, torch.Tensor)} for b in loader])
         return out
 
+    stored = [dict(row) for row in ds.samples]  # the tensors the dataset hands out, not copies of them
+    snapshot = [{k: v.clone() for k, v in row.items()} for row in stored]
     here, ahead = epochs(0), epochs(2)
     assert [len(e) for e in here] == [len(e) for e in ahead] and len(here[0]) >= 4
     assert any(not torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(*here))  # the epochs differ
     for a, b in zip(here[0] + here[1], ahead[0] + ahead[1]):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for batch in packed_loader(ds, s, 16, 3, (0, 1)):
+        for key in ("input_ids", "loss_mask", "hidden_states", "verifier_last_hidden_states"):
+            batch[key].add_(1)  # the trainer's batch is its own
+    # the collation copied every sample and changed none: every epoch reads the shards' values
+    for row, before in zip(stored, snapshot):
+        assert all(torch.equal(row[k], before[k]) for k in before)
     assert here[0][0]["hidden_states"].shape == (1, 64, 3 * 16)

@@ -69,17 +69,18 @@ def loader_workers(on_gpu: bool, cpus: int, streamed: bool = False, asked: int |
     None for streamed states, whatever was asked (the :class:`draftpipe.stages.draft.stream.Spool` is read by the
     process that owns it). Automatic: none on a machine without an accelerator (the draft trains on the cores the
     workers would take); on an accelerator, the rank's CPUs less its own thread (``cpus``, its ``threads`` share),
-    at least 1 and at most :data:`MAX_LOADER_WORKERS`. Reading and packing one batch of an 8B verifier's states
-    (8,192 tokens, 4 x 4,096 bfloat16 states per token) takes about 0.2 s of one CPU core, longer than its draft's
-    training step on an H200 (about 0.12 s), so in the trainer's own process it would leave the device idle
-    (speculators' loader uses worker processes for the same reason)."""
+    at most :data:`MAX_LOADER_WORKERS`, and none when that leaves fewer than 2. Reading and packing one 8,192-token
+    batch of an 8B verifier's states (4 x 4,096 bfloat16 states per token) takes about 0.11 s of one CPU core, about
+    its draft's training step on an H200 (0.115 s): several workers keep ahead of the device, but a worker hands
+    each batch to the trainer through shared memory, one more copy, so one worker alone is slower than the trainer's
+    own process (``benchmarks/gpu_train.py --parts loader``), which reads the next batch while the device runs the
+    step before."""
     if streamed:
         return 0
     if asked is not None:
         return asked
-    if not on_gpu:
-        return 0
-    return max(1, min(MAX_LOADER_WORKERS, cpus - 1))
+    n = min(MAX_LOADER_WORKERS, cpus - 1)
+    return n if on_gpu and n >= 2 else 0
 
 
 def packed_loader(ds, s, hidden_size: int, aux_layers: int, rank_of: tuple[int, int], *, workers: int = 0,
@@ -144,6 +145,8 @@ class ShardDataset(SplitDataset):
         super().__init__(samples, max_len, split, val_every, hidden_states_dtype)
 
     def _get_raw_data(self, index):
-        # float8 states times their scales, in the training dtype (hidden_states.dtype float8_e4m3fn)
-        sample = {k: v.clone() for k, v in self.samples[index].items()}
+        # the stored tensors themselves (views of the shards' private maps), not copies: speculators' collation
+        # copies each sample once into the batch and changes none (tests/unit/test_draft.py holds it to that); float8
+        # states times their scales, in the training dtype (hidden_states.dtype float8_e4m3fn)
+        sample = dict(self.samples[index])
         return dequantize_sample(sample, self.hidden_states_dtype) if SCALE_KEYS["hidden_states"] in sample else sample
