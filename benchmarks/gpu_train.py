@@ -302,8 +302,7 @@ def loader_part(data: dict, seq: int, device: str, step_s: float | None) -> dict
 
 def compare_trainers(data, head_dim, seq, device, work: Path) -> dict:
     """The wall time of the second epoch of the product's trainer and of speculators' ``Trainer``: same initial
-    weights, batches (one packed batch per step, the product's loader for both: worker processes read ahead on a GPU), loss
-    and optimizer settings."""
+    weights, batches (one packed batch per step, the product's loader for both), loss and optimizer settings."""
     import torch
     from speculators.train.trainer import Trainer, TrainerConfig
 
