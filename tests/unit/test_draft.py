@@ -227,7 +227,7 @@ def test_loader_workers_read_the_same_batches_in_the_same_order_and_change_no_sa
             out.append([{k: v.clone() for k, v in b.items() if isinstance(v, torch.Tensor)} for b in loader])
         return out
 
-    stored = [dict(row) for row in ds.samples]  # the tensors the dataset hands out, not copies of them
+    stored = [dict(row) for row in ds.samples]  # the samples the dataset holds
     snapshot = [{k: v.clone() for k, v in row.items()} for row in stored]
     here, ahead = epochs(0), epochs(2)
     assert [len(e) for e in here] == [len(e) for e in ahead] and len(here[0]) >= 4
@@ -237,7 +237,7 @@ def test_loader_workers_read_the_same_batches_in_the_same_order_and_change_no_sa
     for batch in packed_loader(ds, s, 16, 3, (0, 1)):
         for key in ("input_ids", "loss_mask", "hidden_states", "verifier_last_hidden_states"):
             batch[key].add_(1)  # the trainer's batch is its own
-    # the collation copied every sample and changed none: every epoch reads the shards' values
+    # the batches are the trainer's own: every epoch reads the shards' values
     for row, before in zip(stored, snapshot):
         assert all(torch.equal(row[k], before[k]) for k in before)
     assert here[0][0]["hidden_states"].shape == (1, 64, 3 * 16)

@@ -70,7 +70,7 @@ def loader_workers(on_gpu: bool, cpus: int, streamed: bool = False, asked: int |
     process that owns it). Automatic: none on a machine without an accelerator (the draft trains on the cores the
     workers would take); on an accelerator, the rank's CPUs less its own thread (``cpus``, its ``threads`` share),
     at most :data:`MAX_LOADER_WORKERS`, and none when that leaves fewer than 2. Reading and packing one 8,192-token
-    batch of an 8B verifier's states (4 x 4,096 bfloat16 states per token) takes about 0.11 s of one CPU core, about
+    batch of an 8B verifier's states (4 x 4,096 bfloat16 states per token) takes about 0.15 s of one CPU core, more than
     its draft's training step on an H200 (0.115 s): several workers keep ahead of the device, but a worker hands
     each batch to the trainer through shared memory, one more copy, so one worker alone is slower than the trainer's
     own process (``benchmarks/gpu_train.py --parts loader``), which reads the next batch while the device runs the
@@ -145,8 +145,6 @@ class ShardDataset(SplitDataset):
         super().__init__(samples, max_len, split, val_every, hidden_states_dtype)
 
     def _get_raw_data(self, index):
-        # the stored tensors themselves (views of the shards' private maps), not copies: speculators' collation
-        # copies each sample once into the batch and changes none (tests/unit/test_draft.py holds it to that); float8
-        # states times their scales, in the training dtype (hidden_states.dtype float8_e4m3fn)
-        sample = dict(self.samples[index])
+        # float8 states times their scales, in the training dtype (hidden_states.dtype float8_e4m3fn)
+        sample = {k: v.clone() for k, v in self.samples[index].items()}
         return dequantize_sample(sample, self.hidden_states_dtype) if SCALE_KEYS["hidden_states"] in sample else sample
