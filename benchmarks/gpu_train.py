@@ -187,9 +187,9 @@ def peak_tflops(name: str, override: float | None) -> float | None:
     return None
 
 
-def loaders(data: dict, seq: int, dtype, epochs_of_batches: int):
-    """The product's DataLoader of the shards (``packed_loader``: speculators' collation, the product's worker
-    processes on a GPU) and ``epochs_of_batches`` epochs of its packed training batches."""
+def shard_loader(data: dict, seq: int, dtype, workers: int | None = None):
+    """The draft job's DataLoader of the shards (``packed_loader``: speculators' collation, one packed batch per
+    step), its states in ``dtype``; ``workers`` processes (None: as many as the job starts here)."""
     import torch
 
     from draftpipe.formats.hidden_states import read_shard_metadata
@@ -199,9 +199,14 @@ def loaders(data: dict, seq: int, dtype, epochs_of_batches: int):
     hidden = read_shard_metadata(data["shards"][0])["hidden_size"]
     ds = ShardDataset(data["shards"], seq, "train", 0, dtype)
     on_gpu = torch.cuda.is_available()
-    workers = loader_workers(on_gpu, torch.get_num_threads())
+    workers = loader_workers(on_gpu, torch.get_num_threads()) if workers is None else workers
     s = DraftSettings(total_seq_len=seq, batches_per_step=1, seed=0)
-    loader = packed_loader(ds, s, hidden, len(data["aux"]), (0, 1), workers=workers, pin_memory=on_gpu)
+    return packed_loader(ds, s, hidden, len(data["aux"]), (0, 1), workers=workers, pin_memory=on_gpu)
+
+
+def loaders(data: dict, seq: int, dtype, epochs_of_batches: int):
+    """:func:`shard_loader` and ``epochs_of_batches`` epochs of its packed training batches."""
+    loader = shard_loader(data, seq, dtype)
     batches = []
     for epoch in range(epochs_of_batches):
         loader.batch_sampler.set_epoch(epoch)
@@ -269,24 +274,19 @@ def time_steps(data, head_dim, seq, attn, loss_prefer, steps, device, flops, pea
     return out
 
 
-def loader_part(data: dict, seq: int, device: str, step_s: float | None) -> dict:
+def loader_part(data: dict, seq: int, step_s: float | None) -> dict:
     """Seconds per packed batch of the draft job's loader over the shards (bfloat16, as on a GPU) with 0 worker
     processes (read in this process), 1, and as many as the draft job starts on a GPU with this process's threads,
     timed over the second epoch (the first starts the workers and fills the page cache); each over ``step_s``, the
     training step's time, when given."""
     import torch
 
-    from draftpipe.formats.hidden_states import read_shard_metadata
-    from draftpipe.stages.draft.data import ShardDataset, loader_workers, packed_loader
-    from draftpipe.stages.draft.settings import DraftSettings
+    from draftpipe.stages.draft.data import loader_workers
 
-    hidden = read_shard_metadata(data["shards"][0])["hidden_size"]
-    ds = ShardDataset(data["shards"], seq, "train", 0, torch.bfloat16)
-    s = DraftSettings(total_seq_len=seq, batches_per_step=1, seed=0)
     workers = loader_workers(True, torch.get_num_threads())
     result: dict = {"workers": workers, "threads": torch.get_num_threads()}
     for n in sorted({0, 1, workers}):
-        loader = packed_loader(ds, s, hidden, len(data["aux"]), (0, 1), workers=n, pin_memory=device.startswith("cuda"))
+        loader = shard_loader(data, seq, torch.bfloat16, n)
         times = []
         for epoch in (0, 1):
             loader.batch_sampler.set_epoch(epoch)
@@ -504,7 +504,7 @@ def run_preset(preset: str, a, parts: set, grid: bool, pwork: Path, peak: float 
                      "eager", a.steps, a.device, flops["total"], peak)  # fmt: skip
     if "loader" in parts:
         step = (RESULTS.get(f"{preset}.steps.{a.attention.split(',')[0]}") or {}).get("step_s")
-        run_part(f"{preset}.loader", out, loader_part, data, a.seq, a.device, step)
+        run_part(f"{preset}.loader", out, loader_part, data, a.seq, step)
     if "trainers" in parts:
         run_part(f"{preset}.trainers", out, compare_trainers, data, head_dim, a.seq, a.device, pwork)
     if "product" in parts:

@@ -258,11 +258,9 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
         if workers:
             print(f"draft data: {workers} loader worker process(es) per rank read the batches ahead", flush=True)
 
-    def loader(ds):
-        return packed_loader(ds, s, hidden_size, len(aux_ids), (rank, size), workers=workers, pin_memory=on_gpu)
-
-    train_loader = loader(train_ds)
-    val_loader = loader(val_ds) if len(val_ds) else None
+    kw = {"workers": workers, "pin_memory": on_gpu}
+    train_loader = packed_loader(train_ds, s, hidden_size, len(aux_ids), (rank, size), **kw)
+    val_loader = packed_loader(val_ds, s, hidden_size, len(aux_ids), (rank, size), **kw) if len(val_ds) else None
     call_kw = {
         "ttt_steps": s.ttt_steps,
         "ttt_step_loss_decay": s.ttt_step_loss_decay,
