@@ -1,6 +1,6 @@
 """Shared fixtures: the repository root, the embedded default verifier converted once per session, the embedded
-default built once per session (no test writes into that build: tests that change it work in a copy), and the
-``unit`` / ``e2e`` marker of every test from its folder."""
+default built once per session (no test writes into that build: tests that change it work in a copy), a copy of it
+benchmarked once, and the ``unit`` / ``e2e`` marker of every test from its folder."""
 
 from __future__ import annotations
 
@@ -65,6 +65,18 @@ def built(tmp_path_factory) -> Path:
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     if changed:
         pytest.fail(f"tests changed the session build {work}: {changed[:20]}")
+
+
+@pytest.fixture(scope="session")
+def benched(built, tmp_path_factory) -> Path:
+    """A copy of the session build with its offline vLLM benchmark (``bench_run``, and the compat report it needs)
+    run once, shared by the tests of the benchmark and of the served sweep: each works in a copy of it
+    (:func:`helpers.workflow.copy_build`), so the measurement is made once per session, not once per test."""
+    from helpers.workflow import copy_build, snakemake
+
+    work = copy_build(built, tmp_path_factory.mktemp("benched") / "wf")
+    snakemake(work, "results/bench/summary.json")
+    return work
 
 
 TINY_CONFIGS = REPO / "tests" / "data" / "verifiers"

@@ -547,8 +547,8 @@ def test_compat_report_on_the_default_draft_is_clean(built, tmp_path):
     }
 
 
-def test_vllm_benchmark_and_what_reruns_it(built, tmp_path):
-    built = copy_build(built, tmp_path / "wf")
+def test_vllm_benchmark_and_what_reruns_it(benched, tmp_path):
+    built = copy_build(benched, tmp_path / "wf")
     snakemake(built, "results/bench/report.md")
     summary = json.loads((built / "results/bench/summary.json").read_text())
     rows = {r["num_speculative_tokens"]: r for r in summary["results"]}

@@ -38,8 +38,8 @@ def assert_nothing_left(started: list[tuple[str, int, int]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def served(built, tmp_path_factory):
-    work = copy_build(built, tmp_path_factory.mktemp("serve") / "wf")
+def served(benched, tmp_path_factory):
+    work = copy_build(benched, tmp_path_factory.mktemp("serve") / "wf")
     cfg = variant(work, "serve", lambda c: c["bench"].update(serve=SERVE))
     snakemake(work, "results/bench/report.md", "--configfile", cfg)
     return work, cfg
