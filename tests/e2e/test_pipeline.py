@@ -298,6 +298,13 @@ def test_epochs_change_reruns_only_the_draft(built):
     assert planned_jobs(built, "--configfile", cfg) == {"draft": 1}
 
 
+def test_the_drafts_start_reruns_only_the_draft_and_naming_its_default_reruns_nothing(built):
+    cfg = variant(built, "init", lambda c: c["draft"].update(init="verifier"))
+    assert planned_jobs(built, "--configfile", cfg) == {"draft": 1}
+    cfg = variant(built, "init_random", lambda c: c["draft"].update(init="random"))
+    assert planned_jobs(built, "--configfile", cfg) == {}
+
+
 def test_a_different_verifier_reruns_everything_it_shapes(built):
     gguf = built / "draftpipe/data/stories260K/stories260K.gguf"
     data = bytearray(gguf.read_bytes())

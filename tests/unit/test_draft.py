@@ -241,3 +241,57 @@ def test_loader_workers_read_the_same_batches_in_the_same_order_and_change_no_sa
     for row, before in zip(stored, snapshot):
         assert all(torch.equal(row[k], before[k]) for k in before)
     assert here[0][0]["hidden_states"].shape == (1, 64, 3 * 16)
+
+
+def _drafts(verifier_dir, **settings):
+    import torch
+
+    from draftpipe.stages.draft.settings import DraftSettings
+    from draftpipe.stages.draft.training import build_draft
+
+    vocab, vd = 512, 256
+    d2t = torch.zeros(vd, dtype=torch.long)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[:vd] = True
+    return [
+        build_draft(str(verifier_dir), [1, 2, 3], d2t, t2d, vd, DraftSettings(seed=0, init=init, **settings), "sdpa")
+        for init in ("random", "verifier")
+    ]
+
+
+def test_init_verifier_starts_the_draft_from_the_verifiers_last_aux_layer(verifier_dir):
+    import torch
+    from safetensors.torch import load_file
+
+    random, warm = _drafts(verifier_dir)
+    weights = load_file(str(verifier_dir / "model.safetensors"))
+    layer = {k.removeprefix("model.layers.3."): v for k, v in weights.items() if k.startswith("model.layers.3.")}
+    hidden = warm.hidden_size
+    a, b = random.state_dict(), warm.state_dict()
+    copied = {
+        "layers.0.self_attn.o_proj.weight": layer["self_attn.o_proj.weight"],
+        "layers.0.mlp.gate_proj.weight": layer["mlp.gate_proj.weight"],
+        "layers.0.mlp.up_proj.weight": layer["mlp.up_proj.weight"],
+        "layers.0.mlp.down_proj.weight": layer["mlp.down_proj.weight"],
+        "layers.0.hidden_norm.weight": layer["input_layernorm.weight"],
+        "layers.0.post_attention_layernorm.weight": layer["post_attention_layernorm.weight"],
+        "norm.weight": weights["model.norm.weight"],
+    }
+    for name, value in copied.items():
+        assert torch.equal(b[name], value.to(b[name].dtype)), name
+        assert not torch.equal(a[name], b[name]), name  # not what the random start already held
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        name = f"layers.0.self_attn.{proj}.weight"
+        assert b[name].shape[1] == 2 * hidden
+        assert torch.equal(b[name][:, hidden:], layer[f"self_attn.{proj}.weight"])  # the hidden-state half
+        assert torch.equal(b[name][:, :hidden], a[name][:, :hidden])  # the embedding half: the random start
+    fc = b["fc.weight"]  # [H, 3H]: the identity on layer 3's slot, the third
+    assert torch.equal(fc[:, 2 * hidden :], torch.eye(hidden)) and not fc[:, : 2 * hidden].any()
+    halves = {f"layers.0.self_attn.{proj}.weight" for proj in ("q_proj", "k_proj", "v_proj")}
+    for name in set(a) - set(copied) - halves - {"fc.weight"}:
+        assert torch.equal(a[name], b[name]), name  # embeddings, heads, the embedding norm: unchanged
+
+
+def test_init_verifier_refuses_a_draft_whose_heads_differ_from_the_verifiers(verifier_dir):
+    with pytest.raises(ValueError, match=r"draft\.init: verifier: the verifier's model\.layers\.3\..*draft\.head_dim"):
+        _drafts(verifier_dir, head_dim=16)

@@ -29,6 +29,8 @@ class DraftSettings:
     loss_fn: str = "kl_div"
     scheduler_type: str = "linear"
     sliding_window: int | None = None
+    #: ``random`` (speculators' start) or ``verifier`` (:mod:`draftpipe.stages.draft.warm_start`)
+    init: str = "random"
     #: packed batches of ``total_seq_len`` tokens per optimizer step (the global batch; the ranks share them, so
     #: their number must divide it): see :mod:`draftpipe.stages.draft.ranks`
     batches_per_step: int = 1

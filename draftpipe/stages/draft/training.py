@@ -47,15 +47,18 @@ from draftpipe.stages.draft.ranks import check_batches_per_step, init_ranks, lau
 from draftpipe.stages.draft.settings import DraftSettings
 from draftpipe.stages.draft.stream import Spool, StreamDataset, StreamSettings, plan_units, split_devices
 from draftpipe.stages.draft.trainer import ResumableTrainer, current_rank, world_size
+from draftpipe.stages.draft.warm_start import init_from_verifier
 
 
 def build_draft(
     verifier_dir: str, aux_ids: list[int], d2t, t2d, draft_vocab_size: int, s: DraftSettings, attn_impl: str
 ):
-    """Build an untrained ``Eagle3DraftModel`` for the verifier (speculators' ``from_training_args``).
+    """Build an untrained ``Eagle3DraftModel`` for the verifier (speculators' ``from_training_args``), started from
+    the verifier's weights when ``s.init`` is ``verifier`` (:func:`draftpipe.stages.draft.warm_start.init_from_verifier`).
 
     Raises:
-        ValueError: from speculators when the aux ids, head_dim or vocab maps do not fit the verifier.
+        ValueError: from speculators when the aux ids, head_dim or vocab maps do not fit the verifier; naming
+        ``draft.init`` when the verifier's layer cannot start the draft.
     """
     import torch
     from speculators.models.eagle3 import Eagle3DraftModel
@@ -72,7 +75,7 @@ def build_draft(
     )
     if s.head_dim:
         layer_cfg.head_dim = s.head_dim
-    return Eagle3DraftModel.from_training_args(
+    model = Eagle3DraftModel.from_training_args(
         verifier_config=layer_cfg,
         t2d=t2d,
         d2t=d2t,
@@ -85,6 +88,9 @@ def build_draft(
         norm_output=s.norm_output,
         ttt_steps=s.ttt_steps,
     )
+    if s.init == "verifier":
+        init_from_verifier(model, verifier_dir, aux_ids)
+    return model
 
 
 def attention_implementation(on_gpu: bool) -> str:
@@ -255,6 +261,8 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
         for split, ds in (("train", train_ds), ("validation", val_ds)):
             print(accounting_line(split, ds.accounting, s.total_seq_len), flush=True)
         print(loss.log_line(), flush=True)
+        if s.init == "verifier":
+            print(f"draft init: decoder layer, fc and norm start from the verifier's layer {max(aux_ids)}", flush=True)
         if workers:
             print(f"draft data: {workers} loader worker process(es) per rank read the batches ahead", flush=True)
 
