@@ -120,6 +120,15 @@ def served_summary(wildcards=None):
     return {"serve": "results/bench/serve.json"} if config["bench"]["serve"] else {}
 
 
+def draft_params():
+    """The draft rule's param `draft`: the `draft` section without the quality gate `min_train_samples` (it shapes
+    nothing: untracked) and without `init` at its default `random` (so a draft built before the knob existed is not
+    retrained)."""
+    return canon(
+        {k: v for k, v in config["draft"].items() if k != "min_train_samples" and not (k == "init" and v == "random")}
+    )
+
+
 def stream_params():
     """With `hidden_states.storage: stream`, what the hidden_states rule's params would be, as the draft's param
     `stream` (a change of aux ids or dtype reruns only the draft); nothing with `disk`."""

@@ -12,15 +12,7 @@ rule draft:
     params:
         verifier=VERIFIER_DIR,
         verifier_id=VERIFIER_ID,
-        # the quality gate min_train_samples shapes nothing: it is untracked; init at its default (random) is left
-        # out, so a draft built before the knob existed is not retrained
-        draft=canon(
-            {
-                k: v
-                for k, v in config["draft"].items()
-                if k != "min_train_samples" and not (k == "init" and v == "random")
-            }
-        ),
+        draft=draft_params(),  # what shapes the draft (rules/common.smk)
         **stream_params(),  # hidden_states.storage: stream only
         untracked=job_settings("draft", config),  # shapes nothing: draftpipe/workflow/settings.py
     log:

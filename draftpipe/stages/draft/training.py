@@ -47,7 +47,7 @@ from draftpipe.stages.draft.ranks import check_batches_per_step, init_ranks, lau
 from draftpipe.stages.draft.settings import DraftSettings
 from draftpipe.stages.draft.stream import Spool, StreamDataset, StreamSettings, plan_units, split_devices
 from draftpipe.stages.draft.trainer import ResumableTrainer, current_rank, world_size
-from draftpipe.stages.draft.warm_start import init_from_verifier
+from draftpipe.stages.draft.warm_start import init_from_verifier, source_layer
 
 
 def build_draft(
@@ -262,7 +262,8 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
             print(accounting_line(split, ds.accounting, s.total_seq_len), flush=True)
         print(loss.log_line(), flush=True)
         if s.init == "verifier":
-            print(f"draft init: decoder layer, fc and norm start from the verifier's layer {max(aux_ids)}", flush=True)
+            layer = source_layer(aux_ids)
+            print(f"draft init: decoder layer, fc and norm start from the verifier's layer {layer}", flush=True)
         if workers:
             print(f"draft data: {workers} loader worker process(es) per rank read the batches ahead", flush=True)
 

@@ -19,22 +19,29 @@ these weights. Measured on the SmolLM2 preset (README): validation accuracy per 
 
 from __future__ import annotations
 
-#: the verifier's tensors of layer ``L`` copied whole, by draft parameter name (Llama naming, as speculators' draft)
-_WHOLE = {
-    "self_attn.o_proj.weight": "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
-    "mlp.up_proj.weight": "mlp.up_proj.weight",
-    "mlp.down_proj.weight": "mlp.down_proj.weight",
-    "hidden_norm.weight": "input_layernorm.weight",
-    "post_attention_layernorm.weight": "post_attention_layernorm.weight",
-}
-#: the verifier's attention input projections, copied onto the hidden-state half of the draft's (``[out, 2H]``)
-_HALF = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+#: (draft parameter, the verifier's tensor of layer ``L`` it starts from, copied onto the hidden-state half of a
+#: ``[out, 2H]`` input projection); Llama naming, as speculators' draft
+_COPIES = (
+    ("layers.0.self_attn.q_proj.weight", "self_attn.q_proj.weight", True),
+    ("layers.0.self_attn.k_proj.weight", "self_attn.k_proj.weight", True),
+    ("layers.0.self_attn.v_proj.weight", "self_attn.v_proj.weight", True),
+    ("layers.0.self_attn.o_proj.weight", "self_attn.o_proj.weight", False),
+    ("layers.0.mlp.gate_proj.weight", "mlp.gate_proj.weight", False),
+    ("layers.0.mlp.up_proj.weight", "mlp.up_proj.weight", False),
+    ("layers.0.mlp.down_proj.weight", "mlp.down_proj.weight", False),
+    ("layers.0.hidden_norm.weight", "input_layernorm.weight", False),
+    ("layers.0.post_attention_layernorm.weight", "post_attention_layernorm.weight", False),
+)
 
 
-def init_from_verifier(model, verifier_dir: str, aux_ids: list[int]) -> int:
+def source_layer(aux_ids: list[int]) -> int:
+    """The verifier layer ``L`` the draft starts from: the last aux layer id (the deepest captured input)."""
+    return max(aux_ids)
+
+
+def init_from_verifier(model, verifier_dir: str, aux_ids: list[int]) -> None:
     """Start ``model`` (an untrained speculators ``Eagle3DraftModel``) from the verifier's weights, in place (see
-    the module docstring); return the verifier layer ``L`` copied.
+    the module docstring), from layer :func:`source_layer`.
 
     Args:
         model: the draft; its first layer reads ``[1, T, 2H]`` (embedding, hidden state) and ``fc`` maps
@@ -51,40 +58,28 @@ def init_from_verifier(model, verifier_dir: str, aux_ids: list[int]) -> int:
     import torch
     from speculators.utils.loading import load_model_layers
 
-    layer_id = max(aux_ids)
-    slot = list(aux_ids).index(layer_id)
-    names = {n: f"model.layers.{layer_id}.{v}" for n, v in _WHOLE.items()}
-    names |= {n: f"model.layers.{layer_id}.{n}" for n in _HALF}
-    names["norm.weight"] = "model.norm.weight"
-    loaded = load_model_layers(sorted(set(names.values())), verifier_dir)
-    layer = model.layers[0]
+    layer_id = source_layer(aux_ids)
+    copies = [(name, f"model.layers.{layer_id}.{key}", half) for name, key, half in _COPIES]
+    copies.append(("norm.weight", "model.norm.weight", False))
+    loaded = load_model_layers([key for _, key, _ in copies], verifier_dir)
+    params = dict(model.named_parameters())
     hidden = model.hidden_size
-    params = {f"layers.0.{n}": p for n, p in layer.named_parameters()} | {"norm.weight": model.norm.weight}
-
-    def source(name: str, shape) -> torch.Tensor:
-        key = names[name]
-        if key not in loaded:
-            raise ValueError(
-                f"draft.init: verifier copies the verifier's layer {layer_id} (the last aux layer id), but "
-                f"{verifier_dir} has no tensor {key}: use draft.init: random for this verifier"
-            )
-        tensor = loaded[key]
-        if tuple(tensor.shape) != tuple(shape):
-            raise ValueError(
-                f"draft.init: verifier: the verifier's {key} is {list(tensor.shape)}, the draft's needs "
-                f"{list(shape)} (draft.head_dim and the draft's heads must be the verifier's): use draft.init: random"
-            )
-        return tensor
-
     with torch.no_grad():
-        for name in _WHOLE:
-            target = params[f"layers.0.{name}"]
-            target.copy_(source(name, target.shape).to(target.dtype))
-        for name in _HALF:
-            target = params[f"layers.0.{name}"]
-            target[:, hidden:].copy_(source(name, (target.shape[0], hidden)).to(target.dtype))
-        model.norm.weight.copy_(source("norm.weight", model.norm.weight.shape).to(model.norm.weight.dtype))
+        for name, key, half in copies:
+            target = params[name][:, hidden:] if half else params[name]
+            if key not in loaded:
+                raise ValueError(
+                    f"draft.init: verifier copies the verifier's layer {layer_id} (the last aux layer id), but "
+                    f"{verifier_dir} has no tensor {key}: use draft.init: random for this verifier"
+                )
+            if tuple(loaded[key].shape) != tuple(target.shape):
+                raise ValueError(
+                    f"draft.init: verifier: the verifier's {key} is {list(loaded[key].shape)}, the draft's needs "
+                    f"{list(target.shape)} (draft.head_dim and the draft's heads must be the verifier's): use "
+                    "draft.init: random"
+                )
+            target.copy_(loaded[key].to(target.dtype))
         fc = model.fc.weight  # [H, len(aux_ids) * H]
+        slot = list(aux_ids).index(layer_id)
         fc.zero_()
         fc[:, slot * hidden : (slot + 1) * hidden].copy_(torch.eye(hidden, dtype=fc.dtype))
-    return layer_id
