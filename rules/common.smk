@@ -11,7 +11,8 @@ from draftpipe.bench.serve import serve_settings
 from draftpipe.formats.chat import template_file_hash
 from draftpipe.formats.verifier import VerifierNotFoundError
 from draftpipe.runtime.store import code_digest, stored_already
-from draftpipe.workflow.config import ConfigError, check_config, report_title, verifier_identity
+from draftpipe.workflow.config import ConfigError, check_config
+from draftpipe.workflow.identity import report_title, verifier_identity
 from draftpipe.workflow.fingerprint import NoTrainingPromptsError, prompt_fingerprints
 from draftpipe.workflow.parse import configured_verifier, live_check, print_plan, quarantine_corrupt_shards
 from draftpipe.workflow.parse import rendering, verifier_dir

@@ -391,20 +391,23 @@ def digest_problem(entry: str | os.PathLike, *, full: bool = False) -> str | Non
 def quarantine(
     paths: Iterable[str | os.PathLike], results_dir: str | os.PathLike = "results", stamp: str | None = None
 ) -> list[tuple[Path, Path]]:
-    """Move artifacts and their manifests into ``<results_dir>/.quarantine/<stamp>/`` (never deletes).
+    """Move artifacts with their manifests and digest records into ``<results_dir>/.quarantine/<stamp>/`` (never
+    deletes).
 
     Each file keeps its path relative to ``results_dir`` below the quarantine directory. Snakemake then sees the
     artifact as a missing output and rebuilds it when it is requested (a target, or the input of a job that
     runs).
 
     Args:
-        paths: artifacts inside ``results_dir``; each one's ``.manifest.json`` moves with it when present.
+        paths: artifacts inside ``results_dir``; each one's ``.manifest.json`` and, for a stage-store entry, its
+            digest record (:func:`digest_record_path`) move with it when present, so that an entry computed again
+            in its place is recorded afresh, never checked against the damaged one's record.
         results_dir: the results directory.
         stamp: quarantine sub-directory name; default the current local time ``YYYYmmddTHHMMSS`` (a ``-N``
             suffix is added when that directory exists).
 
     Returns:
-        ``(source, destination)`` of every file moved, artifacts before their manifests.
+        ``(source, destination)`` of every file moved, artifacts before their manifests and records.
 
     Raises:
         ValueError: a path is not inside ``results_dir`` (nothing is moved then).
@@ -425,7 +428,7 @@ def quarantine(
         dest_root = results / QUARANTINE / f"{stamp}-{n}"
     moved = []
     for rel in rels:
-        for src_rel in (rel, Path(f"{rel}{SUFFIX}")):
+        for src_rel in (rel, Path(f"{rel}{SUFFIX}"), digest_record_path(rel)):
             src = results / src_rel
             if not (src.exists() or src.is_symlink()):
                 continue

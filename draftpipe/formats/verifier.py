@@ -322,7 +322,9 @@ def resolve_gguf_head_dim(requested: int | None, model_head_dim: int, field: str
     ``None`` (the default) keeps the model's head dim where vLLM's attention kernels take it
     (:data:`CPU_ATTENTION_HEAD_SIZES`), else the smallest of those sizes that is a multiple of it (stories260K:
     8 -> 32; SmolLM2-135M: 64 stays 64). A requested value must be a multiple of the model's head dim: the exact
-    re-parameterisation (:func:`draftpipe.stages.verifier.reparameterize_head_dim`) places each RoPE pair on a wider head.
+    re-parameterisation (:func:`draftpipe.stages.verifier.reparameterize_head_dim`) places each RoPE pair on a wider head;
+    and one of :data:`CPU_ATTENTION_HEAD_SIZES`, else vLLM's engine would refuse the converted verifier at its first
+    start (minutes into the completions job).
 
     Args:
         requested: the configured value, or None.
@@ -333,8 +335,8 @@ def resolve_gguf_head_dim(requested: int | None, model_head_dim: int, field: str
         The head dim to convert to.
 
     Raises:
-        ValueError: ``requested`` is not a multiple of ``model_head_dim``, or no supported size is (None), naming
-            ``field`` and both values.
+        ValueError: ``requested`` is not a multiple of ``model_head_dim`` or not a size vLLM's kernels take, or no
+            supported size is (None), naming ``field`` and both values.
     """
     if requested is None:
         if model_head_dim in CPU_ATTENTION_HEAD_SIZES:
@@ -353,6 +355,15 @@ def resolve_gguf_head_dim(requested: int | None, model_head_dim: int, field: str
             f"{field}: {requested} is not a multiple of the GGUF's head_dim {model_head_dim}: the exact "
             f"re-parameterisation widens each head by a whole factor. Use a multiple of {model_head_dim}{hint}, "
             "or null for what the model needs"
+        )
+    if requested not in CPU_ATTENTION_HEAD_SIZES:
+        multiples = [d for d in CPU_ATTENTION_HEAD_SIZES if d % model_head_dim == 0]
+        raise ValueError(
+            f"{field}: {requested} is not a head size vLLM's attention kernels take "
+            f"({', '.join(map(str, CPU_ATTENTION_HEAD_SIZES))}; vLLM 0.32's CPU backend refuses it at the first "
+            f"engine start: 'Unsupported CPU attention configuration'). Use one that is a multiple of the GGUF's "
+            f"head_dim {model_head_dim} ({', '.join(map(str, multiples)) or 'none is'}), or null for what the "
+            "model needs"
         )
     return requested
 

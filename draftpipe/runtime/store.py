@@ -178,13 +178,10 @@ def link_output(entry: Path, output: str, *, copy: bool = False) -> None:
 
 
 def quarantine_entry(entry: Path, store: Path) -> Path:
-    """Move a damaged store entry (a file, or a directory of files) to the results tree's quarantine
-    (:func:`draftpipe.formats.provenance.quarantine`) and drop its digest records; returns where it went."""
+    """Move a damaged store entry (a file with its digest record, or a directory of files and their records) to
+    the results tree's quarantine (:func:`draftpipe.formats.provenance.quarantine`); returns where it went."""
     root = store.parent.parent if store.parent.name == STORE else store.parent
-    records = [digest_record_path(f) for f in ([*entry.iterdir()] if entry.is_dir() else [entry])]
     [(_, dest)] = quarantine([entry], root)[:1]
-    for rec in records:
-        rec.unlink(missing_ok=True)
     return dest
 
 
@@ -267,9 +264,9 @@ def run_stage(
             print(f"verifier load 1 for {len(todo)} shard(s): {', '.join(t.shard for t in todo)}", flush=True)
             try:
                 compute(todo)
-            finally:  # the entries it finished, also when it failed part-way
+            finally:  # the entries it finished, also when it failed part-way: each is new, so always recorded
                 for t in todo:
-                    if t.entry.exists() and not digest_record_path(t.entry).exists():
+                    if t.entry.exists():
                         record_digest(t.entry)
             print(f"computed {len(todo)} shard(s) in {time.perf_counter() - t0:.1f} s", flush=True)
         else:

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 from draftpipe.core.gpus import draft_world_size
-from draftpipe.core.io import JSONLimitError, cached_sha256, cached_sha256s, load_json
-from draftpipe.core.layout import DIGEST_CACHE
-from draftpipe.formats.chat import PACKAGE_TEMPLATES, template_hash
+from draftpipe.core.io import JSONLimitError, load_json
+from draftpipe.formats.chat import PACKAGE_TEMPLATES
 from draftpipe.formats.hidden_states import resolve_aux_layer_ids
 from draftpipe.formats.prompt_fields import template_keys
 from draftpipe.formats.verifier import (
+    VerifierNotFoundError,
     check_gguf,
     gguf_metadata,
     is_mla_config,
@@ -71,6 +72,63 @@ def fill_defaults(instance: Any, schema: dict) -> None:
             fill_defaults(item, schema["items"])
 
 
+_SCHEMA_TYPES = {
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "null": (type(None),),
+    "array": (list,),
+    "object": (dict,),
+}
+
+
+def _read_as_schema_type(value: str, types: list[str]) -> tuple[bool, Any]:
+    """``(True, value read)`` when ``value`` read as JSON, else YAML, is of one of the schema ``types``."""
+    import yaml
+
+    try:
+        read = json.loads(value)  # 1e-4 too, which YAML 1.1 reads as a string
+    except ValueError:
+        try:
+            read = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return False, value
+    return any(type(read) in _SCHEMA_TYPES.get(t, ()) for t in types), read
+
+
+def coerce_strings(instance: Any, schema: dict, path: tuple = ()) -> list[str]:
+    """Turn strings into the numbers (booleans, nulls, lists, objects) the schema wants there, in place; returns the
+    keys changed.
+
+    ``snakemake --config 'draft={"epochs": 3}'`` hands the workflow ``{"epochs": "3"}``: ``snakemake/cli.py``
+    ``parse_config`` reads a ``--config`` value that is no plain number with YAML's ``BaseLoader``, which leaves
+    every scalar nested in it a string. A string is read as JSON, else as YAML (``"3"`` -> 3, ``"1e-4"`` -> 0.0001,
+    ``"true"`` -> True, ``"null"`` -> None), and kept only where the schema's ``type`` does not take a string and
+    does take what it reads as; anything else is left for the schema to name.
+    """
+    changed: list[str] = []
+    if isinstance(instance, dict):
+        props = schema.get("properties") or {}
+        slots = [(key, props.get(key)) for key in instance]
+    elif isinstance(instance, list):
+        slots = [(i, schema.get("items")) for i in range(len(instance))]
+    else:
+        return changed
+    for key, sub in slots:
+        if not isinstance(sub, dict):
+            continue
+        types = sub.get("type")
+        types = [types] if isinstance(types, str) else list(types or [])
+        if isinstance(instance[key], str) and types and "string" not in types:
+            ok, read = _read_as_schema_type(instance[key], types)
+            if not ok:
+                continue
+            instance[key] = read
+            changed.append(_field([*path, key]))
+        changed += coerce_strings(instance[key], sub, (*path, key))
+    return changed
+
+
 #: speculators' loss functions (``speculators.losses.utils``: the same names in its fused and eager maps;
 #: ``tests/unit/test_settings.py`` holds them together): ``draft.loss_fn`` is one of them, or a JSON object of them to
 #: weights
@@ -79,13 +137,14 @@ LOSS_FUNCTIONS = ("ce", "jsd", "kl_div", "lk_hybrid", "nla", "rkl", "tv")
 
 def check_loss_fn(spec: Any) -> None:
     """``draft.loss_fn`` as speculators' ``resolve_loss_config`` takes it: a loss name of :data:`LOSS_FUNCTIONS`,
-    or a non-empty JSON object mapping such names to numbers (``'{"ce": 0.1, "tv": 0.9}'``); checked when the
-    workflow is read, not minutes into the draft job.
+    or a non-empty JSON object mapping such names to finite positive numbers (``'{"ce": 0.1, "tv": 0.9}'``); checked
+    when the workflow is read, not minutes into the draft job.
 
     Raises:
         ConfigError: ``draft.loss_fn: 'bogus' is neither a loss of speculators (ce, jsd, ...) nor a JSON object of
             them to weights (e.g. '{"ce": 0.1, "tv": 0.9}')``, or naming the unknown loss or the weight that is no
-            number.
+            number, or is not finite, or not above 0 (``{"ce": -1}`` would train to a loss of -164 on the embedded
+            default, ``NaN`` fail minutes into the job).
     """
     known = ", ".join(LOSS_FUNCTIONS)
     if spec in LOSS_FUNCTIONS:
@@ -104,6 +163,11 @@ def check_loss_fn(spec: Any) -> None:
             raise ConfigError(f"draft.loss_fn: {name!r} is not a loss of speculators ({known})")
         if type(weight) not in (int, float):
             raise ConfigError(f"draft.loss_fn: the weight of {name!r} must be a number, not {weight!r}")
+        if not math.isfinite(weight) or weight <= 0:
+            raise ConfigError(
+                f"draft.loss_fn: the weight of {name!r} is {weight!r}; a weight must be finite and above 0 (a "
+                "negative weight rewards the draft for being wrong, a zero one trains nothing: leave that loss out)"
+            )
 
 
 def validate_config(config: dict, schema: str | Path = SCHEMA, *, defaults: bool = True) -> None:
@@ -111,7 +175,8 @@ def validate_config(config: dict, schema: str | Path = SCHEMA, *, defaults: bool
     defaults (:func:`fill_defaults`; the one validation the workflow runs).
 
     The values it rewrites: ``completions.reasoning: off`` unquoted, which YAML reads as ``false``, becomes
-    ``"off"``; a prompt source's or bench prompt set's ``path`` starting with ``~`` is expanded to the home
+    ``"off"``; a string where the schema wants a number, boolean or null is read as one (:func:`coerce_strings`:
+    how Snakemake passes the values nested in ``--config 'draft={"epochs": 3}'``); a prompt source's or bench prompt set's ``path`` starting with ``~`` is expanded to the home
     directory (as ``verifier.path`` is). It also checks ``draft.loss_fn`` (:func:`check_loss_fn`).
 
     Errors are ordered by key path, so the same config always reports the same error.
@@ -132,6 +197,7 @@ def validate_config(config: dict, schema: str | Path = SCHEMA, *, defaults: bool
     if (config.get("completions") or {}).get("reasoning") is False:
         config["completions"]["reasoning"] = "off"
     spec = yaml.safe_load(Path(schema).read_text(encoding="utf-8"))
+    coerce_strings(config, spec)  # numbers nested in a --config value arrive as strings
     validator = jsonschema.validators.validator_for(spec)(spec)
     errors = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
@@ -292,16 +358,51 @@ def gguf_conversion(config: dict, resolved: dict) -> dict:
     }
 
 
+def _config_key(resolved: dict) -> str:
+    """The config key a resolved verifier's config.json comes from."""
+    return "verifier.config_json" if resolved.get("config_path") else "verifier.path"
+
+
+def read_verifier_config(resolved: dict) -> dict:
+    """The (text) ``config.json`` of a resolved local or hub verifier, read with the bounded reader
+    (:func:`draftpipe.formats.verifier.load_verifier_config`), for checks made when the workflow is read.
+
+    Raises:
+        ConfigError: the file is not valid JSON, nested too deeply, not an object or not UTF-8, naming the config
+            key it comes from (``verifier.path``, or ``verifier.config_json``) and the file.
+        draftpipe.formats.verifier.VerifierNotFoundError: there is no ``config.json``.
+    """
+    where = _config_key(resolved)
+    try:
+        return load_verifier_config(resolved.get("config_path") or resolved["path"], text=True)
+    except VerifierNotFoundError:
+        raise
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and the bounded reader's errors are ValueErrors
+        raise ConfigError(f"{where}: {exc}") from None
+
+
 def verifier_shape(resolved: dict) -> dict:
-    """``num_hidden_layers`` and ``vocab_size`` of a resolved verifier (see ``verifier.resolve_verifier``)."""
+    """``num_hidden_layers``, ``vocab_size`` and ``hidden_size`` of a resolved verifier (see
+    ``verifier.resolve_verifier``).
+
+    Raises:
+        ConfigError: a config.json that cannot be read (:func:`read_verifier_config`) or that lacks one of the three
+            as a positive integer, naming the key, the file and the field.
+    """
     if resolved["kind"] == "gguf":
         return gguf_shape(resolved["path"])
-    cfg = load_verifier_config(resolved.get("config_path") or resolved["path"], text=True)
-    return {
-        "num_hidden_layers": int(cfg["num_hidden_layers"]),
-        "vocab_size": int(cfg["vocab_size"]),
-        "hidden_size": int(cfg["hidden_size"]),
-    }
+    cfg = read_verifier_config(resolved)
+    out = {}
+    for key in ("num_hidden_layers", "vocab_size", "hidden_size"):
+        value = cfg.get(key)
+        if type(value) is not int or value < 1:
+            path = resolved.get("config_path") or os.path.join(str(resolved["path"]), "config.json")
+            raise ConfigError(
+                f"{_config_key(resolved)}: {path} does not give {key} as a positive integer (got {value!r}); is it the config.json "
+                "of a text model?"
+            )
+        out[key] = value
+    return out
 
 
 #: Config keys vLLM derives a model's context from, the smallest present one winning
@@ -380,7 +481,7 @@ def check_against_verifier(config: dict, resolved: dict) -> None:
             else "the GGUF's context_length; verifier.gguf_max_position_embeddings sets another"
         )
     else:
-        cfg = load_verifier_config(resolved.get("config_path") or resolved["path"], text=True)
+        cfg = read_verifier_config(resolved)
         ctx, key = served_context(cfg)
         where = f"{key} in its config.json"
     if ctx is not None and (v.get("max_model_len") or 0) > ctx:
@@ -408,113 +509,6 @@ def check_against_verifier(config: dict, resolved: dict) -> None:
                 f"resources.{stage}.gpus: {tp} GPUs (vLLM's tensor parallel size) and the verifier's {kv} KV heads "
                 "(num_key_value_heads in its config.json): one must divide the other"
             )
-
-
-#: Files of a Hugging Face model directory that shape what the verifier generates and how its text is tokenized.
-IDENTITY_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-)
-#: Suffixes of weight files (top level of the directory).
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-#: Where file digests are remembered between parses of the workflow (relative to the working directory).
-
-
-def model_dir_template_hash(model_dir: str | Path) -> str | None:
-    """:func:`draftpipe.formats.chat.template_hash` of a model directory's chat template: ``chat_template.jinja``, else
-    ``chat_template.json``'s or ``tokenizer_config.json``'s ``chat_template`` value (a string, or a list of named
-    templates). None when the directory has none. transformers reads them in that order."""
-    d = Path(model_dir)
-    if (d / "chat_template.jinja").is_file():
-        return template_hash((d / "chat_template.jinja").read_bytes().decode("utf-8"))
-    for name in ("chat_template.json", "tokenizer_config.json"):
-        try:
-            value = json.loads((d / name).read_text(encoding="utf-8")).get("chat_template")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if value:
-            return template_hash(value)
-    return None
-
-
-def model_dir_identity(model_dir: str | Path, cache_file: str | Path | None = DIGEST_CACHE) -> dict:
-    """Content identity of a Hugging Face model directory: the SHA-256 of each of its :data:`IDENTITY_FILES` and
-    weight files (:data:`WEIGHT_SUFFIXES`, the shard index included) and of its chat template.
-
-    Digests come from :func:`draftpipe.core.io.cached_sha256`: free for a hub-cache snapshot (blob names), read once per
-    file version otherwise (the cache is read and written once). Returns ``{"files": {name: sha256}, "chat_template_sha256": str | None}``.
-    """
-    d = Path(model_dir)
-    names = [n for n in IDENTITY_FILES if (d / n).is_file()]
-    names += sorted(
-        p.name
-        for p in d.iterdir()
-        if p.is_file() and (p.name.endswith(WEIGHT_SUFFIXES) or p.name.endswith(".index.json"))
-    )
-    return {
-        "files": dict(zip(names, cached_sha256s([d / n for n in names], cache_file))),
-        "chat_template_sha256": model_dir_template_hash(d),
-    }
-
-
-def verifier_identity(
-    resolved: dict, config: dict, cache_file: str | Path | None = DIGEST_CACHE, gguf: dict | None = None
-) -> dict:
-    """What identifies the verifier, for ``params:`` (a change reruns everything the verifier shapes; a touch, or
-    the same bytes copied elsewhere, reruns nothing).
-
-    - GGUF: the file's SHA-256 and the conversion settings (the converted directory is an artifact of its own):
-      ``gguf`` (:func:`gguf_conversion`, what the settings resolve to for this file) where given, else the
-      configured ``verifier.gguf_head_dim`` and ``verifier.gguf_max_position_embeddings``.
-    - local directory: its path and :func:`model_dir_identity` (config, tokenizer, chat template and weights by
-      content).
-    - hub id: the id and the configured revision and, when the model is in the local hub cache, the snapshot's
-      commit and :func:`model_dir_identity` of the snapshot (blob names, nothing read). Pin ``verifier.revision``
-      to a commit where the cache may be updated behind the workflow's back.
-
-    Raises:
-        OSError: a file of the verifier cannot be read.
-    """
-    v = config["verifier"]
-    if resolved["kind"] == "gguf":
-        return {
-            "gguf_sha256": cached_sha256(resolved["path"], cache_file),
-            "head_dim": (gguf or {}).get("head_dim", v.get("gguf_head_dim")),
-            "max_position_embeddings": (gguf or {}).get(
-                "max_position_embeddings", v.get("gguf_max_position_embeddings")
-            ),
-        }
-    if resolved["kind"] == "local":
-        return {"path": str(resolved["path"]), **model_dir_identity(resolved["path"], cache_file)}
-    out = {"hub_id": resolved["id"], "revision": v.get("revision")}
-    snapshot = Path(resolved.get("config_path") or "").parent
-    if snapshot.parent.name == "snapshots":
-        out["commit"] = snapshot.name
-        out.update(model_dir_identity(snapshot, cache_file))
-    return out
-
-
-def verifier_name(resolved: dict) -> str:
-    """A verifier's name for titles: a GGUF's file stem (``stories260K``), a directory's name, or the hub id."""
-    if resolved.get("kind") == "hub":
-        return str(resolved["id"])
-    p = Path(str(resolved["path"]))
-    return p.stem if resolved.get("kind") == "gguf" else p.name
-
-
-def report_title(config: dict, resolved: dict) -> str:
-    """``bench.report.title``, or when null ``EAGLE-3 draft for <verifier_name> in vLLM``."""
-    title = ((config.get("bench") or {}).get("report") or {}).get("title")
-    return title if title else f"EAGLE-3 draft for {verifier_name(resolved)} in vLLM"
 
 
 def check_config(config: dict, resolved: dict) -> dict[str, Any]:
@@ -576,6 +570,11 @@ def check_config(config: dict, resolved: dict) -> dict[str, Any]:
                 f"or one of {', '.join(sorted(PACKAGE_TEMPLATES))})"
             )
     for i, src in enumerate((config.get("bench") or {}).get("prompt_sets") or []):
+        if Path(src["path"]).is_dir():
+            raise ConfigError(
+                f"bench.prompt_sets[{i}].path: {src['path']} is a directory, not a file: name one prompt file per "
+                "prompt set"
+            )
         if not Path(src["path"]).is_file():
             raise ConfigError(f"bench.prompt_sets[{i}].path: {src['path']} does not exist")
     gguf = gguf_conversion(config, resolved) if resolved["kind"] == "gguf" else None

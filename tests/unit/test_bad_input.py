@@ -1427,3 +1427,75 @@ def test_a_source_path_under_the_home_directory_is_expanded_as_the_verifier_s_is
     validate_config(cfg)
     assert cfg["prompts"]["sources"][0]["path"] == str(tmp_path / "p.jsonl")
     assert cfg["bench"]["prompt_sets"][0]["path"] == str(tmp_path / "p.jsonl")
+
+
+@pytest.mark.parametrize(
+    "weights,expected",
+    [
+        ('{"ce": -1}', "draft.loss_fn: the weight of 'ce' is -1; a weight must be finite and above 0"),
+        ('{"ce": NaN}', "draft.loss_fn: the weight of 'ce' is nan; a weight must be finite and above 0"),
+        (
+            '{"ce": 0.5, "tv": Infinity}',
+            "draft.loss_fn: the weight of 'tv' is inf; a weight must be finite and above 0",
+        ),
+        ('{"ce": 0}', "draft.loss_fn: the weight of 'ce' is 0; a weight must be finite and above 0"),
+    ],
+    ids=["negative", "nan", "infinite", "zero"],
+)
+def test_loss_weights_that_train_nothing_useful_are_refused(shipped_config, weights, expected):
+    """``{"ce": -1}`` trained the embedded default to a loss of -164 with exit 0; NaN failed minutes into the job."""
+    cfg = copy.deepcopy(shipped_config)
+    cfg["draft"]["loss_fn"] = weights
+    message = raised(ConfigError, validate_config, cfg)
+    assert message.startswith(expected), message
+    cfg["draft"]["loss_fn"] = '{"ce": 0.1, "tv": 0.9}'
+    validate_config(cfg)
+
+
+def test_numbers_nested_in_a_config_option_are_read_as_numbers(shipped_config):
+    """``snakemake --config 'draft={"epochs": 3}'`` hands the workflow strings ('3' is not of type 'integer'
+    before): the values are read as the schema's types, through Snakemake's own parser of the option."""
+    from snakemake.cli import parse_config
+    from snakemake.utils import update_config
+
+    given = parse_config(
+        ['draft={"epochs": 3, "lr": 1e-4, "head_dim": null}', 'hidden_states={"aux_layer_ids": [1, 2, 4]}']
+    )
+    assert given["draft"]["epochs"] == "3" and given["hidden_states"]["aux_layer_ids"] == ["1", "2", "4"]
+    cfg = copy.deepcopy(shipped_config)
+    update_config(cfg, given)
+    validate_config(cfg)
+    assert (cfg["draft"]["epochs"], cfg["draft"]["lr"], cfg["draft"]["head_dim"]) == (3, 0.0001, None)
+    assert cfg["hidden_states"]["aux_layer_ids"] == [1, 2, 4]
+    # a string the schema takes stays a string; one that reads as no number is named by the schema
+    update_config(cfg, parse_config(['verifier={"path": "123"}', 'draft={"epochs": "three"}']))
+    assert raised(ConfigError, validate_config, cfg) == "draft.epochs: 'three' is not of type 'integer'"
+    assert cfg["verifier"]["path"] == "123"
+
+
+def test_a_verifier_config_json_that_cannot_be_read_is_a_config_error(tmp_path):
+    """It was a Python traceback from rules/common.smk: invalid JSON, JSON nested too deeply, no layer count."""
+    d = tmp_path / "verifier"
+    d.mkdir()
+    verifier = {"kind": "local", "path": str(d)}
+    cfg = base_config()
+    (d / "config.json").write_text('{"num_hidden_layers": 5,')
+    assert raised(ConfigError, check_config, cfg, verifier) == (
+        f"verifier.path: {d / 'config.json'}: not valid JSON (Expecting property name enclosed in double quotes)"
+    )
+    (d / "config.json").write_text("[" * 200 + "]" * 200)
+    assert raised(ConfigError, check_config, cfg, verifier) == (
+        f"verifier.path: {d / 'config.json'}: JSON nested more than 64 levels deep"
+    )
+    (d / "config.json").write_text(json.dumps({"num_hidden_layers": "5", "vocab_size": 512, "hidden_size": 64}))
+    assert raised(ConfigError, check_config, cfg, verifier) == (
+        f"verifier.path: {d / 'config.json'} does not give num_hidden_layers as a positive integer (got '5'); is it "
+        "the config.json of a text model?"
+    )
+
+
+def test_a_bench_prompt_set_that_is_a_directory_is_named_so(fake_verifier, tmp_path):
+    cfg = _set(base_config(), "bench.prompt_sets", [{"name": "mt", "path": str(tmp_path)}])
+    assert raised(ConfigError, check_config, cfg, fake_verifier) == (
+        f"bench.prompt_sets[0].path: {tmp_path} is a directory, not a file: name one prompt file per prompt set"
+    )

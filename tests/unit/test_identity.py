@@ -13,7 +13,7 @@ import pytest
 
 import draftpipe.core.io as dio
 from draftpipe.core.io import cached_sha256
-from draftpipe.workflow.config import model_dir_template_hash, verifier_identity
+from draftpipe.workflow.identity import model_dir_template_hash, verifier_identity
 
 
 def _no_reads(monkeypatch):

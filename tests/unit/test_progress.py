@@ -134,7 +134,7 @@ def test_the_compatibility_verdict_line():
 
 
 def test_the_report_title_names_the_configured_verifier():
-    from draftpipe.workflow.config import report_title
+    from draftpipe.workflow.identity import report_title
 
     cfg = {"bench": {"report": {"title": None}}}
     assert report_title(cfg, {"kind": "gguf", "path": "draftpipe/data/models/stories260K.gguf"}) == (

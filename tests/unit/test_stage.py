@@ -435,3 +435,29 @@ def test_the_draft_key_covers_the_package_code_and_the_shard_keys_do_not(tmp_pat
     installed = package_sources()
     assert SOURCE_ROOT / "draftpipe" / "runtime" / "store.py" in installed
     assert not any("data" in p.relative_to(SOURCE_ROOT / "draftpipe").parts for p in installed)
+
+
+def test_a_repaired_entry_takes_its_record_along_and_the_new_one_is_recorded_and_read_only(tmp_path):
+    """Issue 45's loss: ``--repair`` quarantined a damaged shard entry but left its digest record, and the entry
+    computed again in its place (other bytes) kept mode 0644 and the old record, so verify called it CORRUPT."""
+    from draftpipe.formats.provenance import digest_problem, digest_record_path, quarantine
+
+    calls = []
+    for i in range(3):
+        job(tmp_path, i, calls)
+    [entry] = (tmp_path / "store").glob("00001.*.txt")
+    record = digest_record_path(entry).read_text()
+    moved = dict(quarantine([entry], tmp_path))  # what `python -m draftpipe.checks.verify --repair` does
+    assert not digest_record_path(entry).exists()
+    assert moved[digest_record_path(entry)].read_text() == record  # the record went with its entry
+    (tmp_path / "out" / "train_00001.txt").unlink()
+
+    def other_bytes(tasks):  # a recomputation that does not give the same bytes
+        for t in tasks:
+            write_text(t.entry, "prompt 1, computed again\n")
+
+    tasks = make_stage(tmp_path)
+    run_stage(tasks[1], tasks, tmp_path / "store", ".txt", {"t": 0.8}, "code-v1", other_bytes)
+    assert os.stat(entry).st_mode & 0o777 == 0o444
+    assert digest_record_path(entry).read_text() != record
+    assert digest_problem(entry, full=True) is None

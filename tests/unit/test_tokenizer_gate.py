@@ -138,6 +138,15 @@ def test_gguf_head_dim_defaults_to_what_the_model_needs():
         "224, 256, 512), or null for what the model needs"
     )
     assert 80 in CPU_ATTENTION_HEAD_SIZES and 8 not in CPU_ATTENTION_HEAD_SIZES
+    # a multiple of the model's that vLLM's kernels refuse ("Unsupported CPU attention configuration" at the first
+    # engine start) is refused when the workflow is read
+    assert raised(ValueError, resolve_gguf_head_dim, 16, 8) == (
+        "verifier.gguf_head_dim: 16 is not a head size vLLM's attention kernels take (32, 64, 80, 96, 112, 128, 160, "
+        "192, 224, 256, 512; vLLM 0.32's CPU backend refuses it at the first engine start: 'Unsupported CPU attention "
+        "configuration'). Use one that is a multiple of the GGUF's head_dim 8 (32, 64, 80, 96, 112, 128, 160, 192, "
+        "224, 256, 512), or null for what the model needs"
+    )
+    assert resolve_gguf_head_dim(32, 8) == 32
 
 
 def _gguf_config(**verifier) -> dict:
@@ -160,6 +169,9 @@ def test_gguf_settings_are_checked_when_the_workflow_is_read():
     }
     assert raised(ConfigError, check_config, _gguf_config(gguf_head_dim=7), gguf).startswith(
         "verifier.gguf_head_dim: 7 is not a multiple of the GGUF's head_dim 8"
+    )
+    assert raised(ConfigError, check_config, _gguf_config(gguf_head_dim=16), gguf).startswith(
+        "verifier.gguf_head_dim: 16 is not a head size vLLM's attention kernels take"
     )
     assert raised(ConfigError, check_config, _gguf_config(chat_template="required"), gguf) == (
         f"verifier.chat_template: 'required', but the GGUF {GGUF} has no chat template (tokenizer.chat_template) and "
