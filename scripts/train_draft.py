@@ -15,7 +15,14 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
     use_compile_cache(COMPILE_CACHE)  # before torch compiles anything: compiled kernels survive a rerun
     from draftpipe.core.gates import check_empty_masks, check_train_samples  # noqa: E402
     from draftpipe.core.io import atomic_path  # noqa: E402
-    from draftpipe.core.layout import DIGEST_CACHE, SHARD_VALUE_CACHE, SOURCE_ROOT, results_dir_of, store_dir  # noqa: E402
+    from draftpipe.core.layout import (  # noqa: E402
+        DIGEST_CACHE,
+        SHARD_STATES_CACHE,
+        SHARD_VALUE_CACHE,
+        SOURCE_ROOT,
+        results_dir_of,
+        store_dir,
+    )
     from draftpipe.core.progress import console  # noqa: E402
     from draftpipe.formats.hidden_states import loss_mask_sums, read_shard_metadata, shards_aux_layer_ids  # noqa: E402
     from draftpipe.runtime.integrity import require_sound_shards  # noqa: E402
@@ -23,6 +30,7 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
     from draftpipe.stages.draft.export import export_draft  # noqa: E402
     from draftpipe.stages.draft.metrics import metrics_frame, training_summary  # noqa: E402
     from draftpipe.stages.draft.settings import settings_from_params  # noqa: E402
+    from draftpipe.stages.draft.state_gate import StateGate, check_hidden_states  # noqa: E402
     from draftpipe.stages.draft.stream import StreamSettings, read_sequences  # noqa: E402
     from draftpipe.stages.draft.training import train_draft  # noqa: E402
     from draftpipe.workflow.settings import DraftJob, read_job_settings  # noqa: E402
@@ -43,6 +51,8 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
         data, stream = list(snakemake.input.shards), None
         # never train on a damaged shard: it is quarantined (with its store entry) and the job fails naming it
         require_sound_shards(data, results_dir_of(snakemake.output.model), SHARD_VALUE_CACHE)
+        # and never on states that are all zero, constant, or not the ones the verifier generated its answers from
+        check_hidden_states(data, p.verifier, StateGate(**job_s.state_gate), SHARD_STATES_CACHE)
         masks = [n for shard in data for n in loss_mask_sums(shard)]
         # the ids the shards were extracted at, which the draft was trained on (hidden_states.aux_layer_ids
         # planned them: the shards' metadata and the export agree by construction)

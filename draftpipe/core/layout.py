@@ -27,6 +27,8 @@ DIGEST_CACHE = f"{CACHE_DIR}/file_hashes.json"
 SHARD_HEADER_CACHE = f"{CACHE_DIR}/shard_headers.json"
 #: shards whose values passed the draft job's full check (:func:`draftpipe.runtime.integrity.require_sound_shards`)
 SHARD_VALUE_CACHE = f"{CACHE_DIR}/shard_values.json"
+#: shards that the draft job's hidden-state gate read, with its result (:func:`draftpipe.stages.draft.state_gate.check_hidden_states`)
+SHARD_STATES_CACHE = f"{CACHE_DIR}/shard_states.json"
 #: torch.compile's and Triton's caches of the draft job (:mod:`draftpipe.stages.draft.compile_cache`)
 COMPILE_CACHE = f"{CACHE_DIR}/torch-compile"
 

@@ -18,7 +18,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftpipe.core.gates import QualityGateError
 from draftpipe.core.io import load_json, sha256_file
 from draftpipe.core.layout import STORE
 from draftpipe.formats.hidden_states import ShardError, check_shards_cached, validate_shard
@@ -31,7 +30,6 @@ from draftpipe.formats.provenance import (
     manifest_path,
     quarantine,
 )
-from draftpipe.formats.state_values import degenerate_layers
 
 CORRUPT, STALE, NOTE = "CORRUPT", "STALE", "NOTE"
 
@@ -210,16 +208,12 @@ def require_sound_shards(paths: list[str], results_dir: str | os.PathLike, cache
     with the stage-store entry it links (``<results_dir>/.store/hidden_states/``, the same file), so that the next
     run computes it again instead of linking the damaged data.
 
-    Sound shards then pass :func:`require_live_states`.
-
     Raises:
         ShardError: naming each damaged shard, why, and where it was moved; the next ``snakemake`` run rebuilds
             them (they are missing inputs of the job that failed).
-        QualityGateError: from :func:`require_live_states`.
     """
     bad = check_shards_cached(paths, cache_file, full=True)
     if not bad:
-        require_live_states(paths)
         return
     store = Path(results_dir) / STORE / "hidden_states"
     entries = list(store.glob("*.safetensors")) if store.is_dir() else []
@@ -238,22 +232,3 @@ def require_sound_shards(paths: list[str], results_dir: str | os.PathLike, cache
         + "\n".join(lines)
         + "\nrun snakemake again: it rebuilds them"
     )
-
-
-def require_live_states(paths: list[str]) -> None:
-    """Refuse to train on degenerate states: every shard's layers through
-    :func:`draftpipe.formats.state_values.degenerate_layers` (each shard read once more). The shards are left where
-    they are: they hold what vLLM returned, and computing them again gives the same states.
-
-    Raises:
-        QualityGateError: naming each shard and layer whose states are all zero or constant, and what to do.
-    """
-    found = [f"{path}: {line}" for path in paths for line in degenerate_layers(path)]
-    if found:
-        raise QualityGateError(
-            "degenerate hidden states, not trained on (a draft trained on them accepts nothing):\n"
-            + "\n".join(found)
-            + "\nvLLM returned them for this verifier (known for some verifiers and vLLM versions: vllm #46301); "
-            "try other hidden_states.aux_layer_ids or another vLLM version, then rerun the hidden_states rule "
-            "(--forcerun hidden_states)"
-        )

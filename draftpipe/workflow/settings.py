@@ -57,7 +57,8 @@ class DraftJob:
     worker processes (:func:`draftpipe.stages.draft.data.loader_workers`); with
     ``hidden_states.storage: stream``, the spool's budget in bytes, the vLLM producer's devices
     (``resources.hidden_states.gpus``) and its share of their memory
-    (:func:`draftpipe.workflow.storage.stream_gpu_memory`), and the empty-mask gate of the shards it replaces."""
+    (:func:`draftpipe.workflow.storage.stream_gpu_memory`), and the empty-mask gate of the shards it replaces; the
+    hidden-state gate (:class:`draftpipe.stages.draft.state_gate.StateGate`: ``state_gate`` holds its fields)."""
 
     min_train_samples: int
     ranks: int
@@ -70,6 +71,7 @@ class DraftJob:
     stream_gpu_memory: float
     loss_implementation: str = "auto"
     loader_workers: int | None = None
+    state_gate: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,12 @@ def _settings(rule: str, config: dict) -> Any:
             stream_gpu_memory(res),
             d["loss_implementation"],
             d["loader_workers"],
+            {
+                "min_agreement": config["hidden_states"]["min_teacher_agreement"],
+                "tokens": config["hidden_states"]["teacher_check_tokens"],
+                "temperature": config["completions"]["temperature"],
+                "top_p": config["completions"]["top_p"],
+            },
         )
     if rule == "compat_report":
         return ReportJob(verifier["chat_template_file"], config["prompts"]["eval_fraction"])

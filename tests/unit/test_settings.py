@@ -102,7 +102,10 @@ def test_untracked_job_settings_are_typed_and_left_out_of_the_params_trigger():
         stream_gpu_memory=0.9,  # the trainer on GPUs of its own
         loss_implementation="eager",
         loader_workers=6,
+        # the hidden-state gate: its thresholds, and the sampler that generated the answers it checks
+        state_gate={"min_agreement": 0.99, "tokens": 512, "temperature": 0.8, "top_p": 0.95},
     )
+    assert config["completions"]["temperature"] == 0.8 and config["completions"]["top_p"] == 0.95
     completions = read_job_settings(CompletionsJob, job_settings("completions", config))
     assert completions.max_truncated_fraction == config["completions"]["max_truncated_fraction"]
     assert (
