@@ -10,6 +10,7 @@ from draftpipe.core.layout import STORE, shard_ids
 from draftpipe.bench.serve import serve_settings
 from draftpipe.formats.chat import template_file_hash
 from draftpipe.formats.verifier import VerifierNotFoundError
+from draftpipe.runtime.integrity import repaired_pending
 from draftpipe.runtime.store import code_digest, stored_already
 from draftpipe.workflow.config import ConfigError, check_config
 from draftpipe.workflow.identity import report_title, verifier_identity
@@ -96,7 +97,10 @@ wildcard_constraints:
 
 
 def verifier_files(wildcards=None):
-    """The verifier's config.json as an input file (empty for a hub id, tracked through params instead)."""
+    """The verifier's config.json as an input file (empty for a hub id, tracked through params instead). Every rule
+    that reads the verifier names it, so it is also where the DAG being built learns what to force
+    (:func:`force_repaired`)."""
+    force_repaired()
     if VERIFIER["kind"] == "hub":
         return []
     return [f"{VERIFIER_DIR}/config.json"]
@@ -180,6 +184,22 @@ def stage_resources(stage):
         if "gpu_model" in out and "gres" in out:  # the plugin would add --gpus=<model>:1
             out["gres"] = f"gpu:{out.pop('gpu_model')}:{res('draft', 'gpus')}"
     return out
+
+
+# What `draftpipe-verify --repair` quarantined and no run has rebuilt: forced, with what was built from it (Snakemake
+# reruns nothing for a missing intermediate file whose dependents are up to date)
+REPAIRED = repaired_pending("results") if workflow.is_main_process else {}
+for _path, _dependents in REPAIRED.items():
+    print(f"draftpipe: {_path} was quarantined by --repair; rebuilding it and {', '.join(_dependents)}", file=sys.stderr)
+
+
+def force_repaired():
+    """Add :data:`REPAIRED` to the files the DAG being built forces (as `--forcerun` would), once, in the main
+    process: the workflow is parsed before Snakemake knows its settings, and the DAG asks the input functions for
+    their files before it decides what runs."""
+    dag = getattr(workflow, "dag", None)
+    if REPAIRED and dag is not None and not REPAIRED.keys() <= dag.forcefiles:
+        dag.forcefiles.update(REPAIRED)
 
 
 if workflow.is_main_process:

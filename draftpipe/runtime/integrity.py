@@ -16,10 +16,11 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from draftpipe.core.io import load_json, sha256_file
-from draftpipe.core.layout import STORE
+from draftpipe.core.layout import QUARANTINE, STORE
 from draftpipe.formats.hidden_states import ShardError, check_shards_cached, validate_shard
 from draftpipe.formats.provenance import (
     SUFFIX,
@@ -232,3 +233,51 @@ def require_sound_shards(paths: list[str], results_dir: str | os.PathLike, cache
         + "\n".join(lines)
         + "\nrun snakemake again: it rebuilds them"
     )
+
+
+def repaired_pending(results_dir: str | os.PathLike = "results") -> dict[str, list[str]]:
+    """Artifacts that ``--repair`` (:func:`draftpipe.formats.provenance.quarantine`) moved aside and no run has
+    rebuilt yet, with the artifacts built from them: ``{missing path: [dependent artifact, ...]}``.
+
+    Snakemake does not rerun anything for a missing intermediate file whose dependents are up to date ("Nothing to
+    be done"), so the workflow forces these paths (``rules/common.smk``). A path counts while it is missing from the
+    results tree, a copy of it lies in ``<results>/.quarantine/<stamp>/`` (stage-store entries, under hidden
+    folders, are not artifacts), and an artifact's manifest names it as an input and finished before it was
+    quarantined: once the dependents are rebuilt, or when the user removes a rebuilt file later, nothing is forced.
+    Reads nothing but the quarantine folder while it holds no missing artifact (the usual case).
+
+    Args:
+        results_dir: the results directory; manifests' input paths are taken relative to its parent.
+
+    Returns:
+        Paths as manifests name them (``results/hidden_states/train_00001.safetensors``), sorted, each with its
+        dependents.
+    """
+    results = Path(results_dir).resolve()
+    base = results.parent
+    moved: dict[str, float] = {}
+    quarantined = results / QUARANTINE
+    for stamp in sorted(quarantined.iterdir()) if quarantined.is_dir() else []:
+        for f in stamp.rglob("*"):
+            rel = f.relative_to(stamp)
+            if not f.is_file() or f.name.endswith(SUFFIX) or any(p.startswith(".") for p in rel.parts):
+                continue
+            path = results / rel
+            if not path.exists():
+                key = str(path.relative_to(base))
+                moved[key] = max(moved.get(key, 0.0), f.stat().st_ctime)
+    if not moved:
+        return {}
+    pending: dict[str, list[str]] = {}
+    for mpath in _walk(results)[1]:
+        try:
+            man = load_json(mpath.read_text(encoding="utf-8"))
+            finished = datetime.fromisoformat(man["finished_at"]).timestamp()
+            inputs = [rec["path"] for rec in man.get("inputs") or [] if isinstance(rec.get("path"), str)]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        for rel in inputs:
+            key = os.path.relpath(rel, base) if os.path.isabs(rel) else os.path.normpath(rel)
+            if key in moved and finished < moved[key]:
+                pending.setdefault(key, []).append(str(mpath.relative_to(base))[: -len(SUFFIX)])
+    return {k: sorted(v) for k, v in sorted(pending.items())}

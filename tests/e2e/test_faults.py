@@ -28,9 +28,17 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.workflow import copy_build, copy_workflow, set_resources, small_extraction_calls, snakemake
+from helpers.workflow import (
+    copy_build,
+    copy_workflow,
+    planned_jobs,
+    set_resources,
+    small_extraction_calls,
+    snakemake,
+)
 
 from draftpipe.core.io import sha256_file
+from draftpipe.formats.provenance import digest_problem, digest_record_path
 from draftpipe.stages.draft.checkpoint import latest_checkpoint
 
 TARGET = "results/draft/model.safetensors"
@@ -271,9 +279,11 @@ def _verify(work: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_damage_in_place_is_repaired_to_the_uninterrupted_bytes_and_never_linked_again(built, tmp_path):
     """Issue 28's probe: the draft truncated, a hidden-state shard and a completions file with bytes flipped, in
-    place. ``--repair`` quarantines them (and the store entries the shards are, the same files); the rebuild
-    computes the shards again (their damaged entries are never linked) and copies the draft back from its entry,
-    which damage to the output could not reach. Every artifact ends with the bytes of the uninterrupted run."""
+    place. ``--repair`` quarantines them (and the store entries the shards are, the same files, with their digest
+    records); the plain main job plans their rebuild by itself; the printed command computes the shards again
+    (their damaged entries are never linked) and copies the draft back from its entry, which damage to the output
+    could not reach. Every artifact ends with the bytes of the uninterrupted run, every store entry read-only and
+    matching its record."""
     work = tmp_path / "workflow"
     copy_build(built, work)  # hard links kept
     damaged = {
@@ -302,6 +312,16 @@ def test_damage_in_place_is_repaired_to_the_uninterrupted_bytes_and_never_linked
     assert command, repair.stdout
     assert ".store" not in command.group(1)
     assert _verify(work).returncode == 1  # missing artifacts: their dependents' inputs are missing
+    # the plain main job plans the same rebuild by itself (Snakemake alone would say "Nothing to be done")
+    plan = snakemake(work, TARGET, "-n")
+    lines = [line for line in (plan.stdout + plan.stderr).splitlines() if "quarantined by --repair" in line]
+    assert lines == [
+        "draftpipe: results/completions/train_00000.jsonl was quarantined by --repair; rebuilding it and "
+        "results/hidden_states/train_00000.safetensors, results/vocab/token_freq.csv, results/vocab/vocab_maps.safetensors",
+        "draftpipe: results/hidden_states/train_00001.safetensors was quarantined by --repair; rebuilding it and "
+        "results/draft/config.json, results/draft/metrics.csv",
+    ]
+    assert planned_jobs(work) == {"completions": 1, "hidden_states": 2, "vocab_maps": 1, "draft": 1}
     rebuild = snakemake(work, *command.group(1).split(), TARGET)
     log = rebuild.stdout + rebuild.stderr
     assert "draft: found in the store" in (work / "results/logs/draft.log").read_text()
@@ -312,3 +332,11 @@ def test_damage_in_place_is_repaired_to_the_uninterrupted_bytes_and_never_linked
     assert differ == [], log[-3000:]
     clean = _verify(work)
     assert clean.returncode == 0 and "0 corrupt, 0 stale" in clean.stdout, clean.stdout[-3000:]
+    # every store entry is read-only and matches its record, the recomputed ones too
+    for entry in store_entries(work, "hidden_states") + store_entries(work, "completions"):
+        assert entry.stat().st_mode & 0o777 == 0o444, entry
+        assert digest_record_path(entry).is_file() and digest_problem(entry, full=True) is None, entry
+    # and nothing is forced once the rebuild is done
+    again = snakemake(work, TARGET, "-n")
+    assert "quarantined by --repair" not in again.stdout + again.stderr
+    assert "Nothing to be done" in again.stdout + again.stderr

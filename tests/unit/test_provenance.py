@@ -423,3 +423,38 @@ def test_failed_job_script_or_forked_child_writes_no_manifest(tmp_path, mode, re
         assert "done" in log  # the child did run to the end of the script
     else:
         assert "did not finish" in log and "done" not in log
+
+
+def test_what_repair_quarantined_is_pending_until_its_dependents_are_rebuilt(tmp_path):
+    """After ``--repair`` the plain main job must rebuild a quarantined intermediate (Snakemake alone reruns nothing
+    for a missing file whose dependents are up to date); once they are rebuilt, or when a user removes a rebuilt
+    file later, nothing is pending."""
+    import time
+
+    from draftpipe.formats.provenance import now_iso, quarantine
+    from draftpipe.runtime.integrity import repaired_pending
+
+    results = tmp_path / "results"
+    shard = results / "hidden_states" / "train_00001.safetensors"
+    draft = results / "draft" / "model.safetensors"
+    for path in (shard, draft):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    inputs = [{"path": "results/hidden_states/train_00001.safetensors"}, {"path": str(tmp_path / "elsewhere")}]
+    (results / "draft" / "model.safetensors.manifest.json").write_text(
+        json.dumps({"finished_at": now_iso(), "inputs": inputs})
+    )
+    assert repaired_pending(results) == {}
+    time.sleep(0.01)
+    quarantine([shard], results)
+    assert repaired_pending(results) == {
+        "results/hidden_states/train_00001.safetensors": ["results/draft/model.safetensors"]
+    }
+    shard.write_bytes(b"x")  # rebuilt
+    assert repaired_pending(results) == {}
+    shard.unlink()  # removed by the user after its dependents were rebuilt from it
+    time.sleep(0.01)
+    (results / "draft" / "model.safetensors.manifest.json").write_text(
+        json.dumps({"finished_at": now_iso(), "inputs": inputs})
+    )
+    assert repaired_pending(results) == {}
