@@ -66,6 +66,11 @@ def test_the_verifier_s_own_answers_agree_with_its_states_and_misplaced_states_d
     wrong = shard_of(model, rows, tmp_path / "wrong.safetensors", shifted)
     agree, checked = teacher_agreement(wrong, norm, head, eps, tokens=512, temperature=temperature, top_p=top_p)
     assert checked == 117 and agree / checked < 0.5
+    # a float8 shard is read through its scales, its coarser rounding allowed for
+    samples = [build_sample(model, row, AUX, 5, max_len=64, dtype=torch.float32) for row in rows]
+    fp8 = tmp_path / "fp8.safetensors"
+    write_shard(str(fp8), [quantize_sample(s, "float8_e4m3fn") for s in samples], {**META, "dtype": "float8_e4m3fn"})
+    assert teacher_agreement(str(fp8), norm, head, eps, tokens=512, temperature=temperature, top_p=top_p) == (117, 117)
     # fewer tokens: spread over the samples, each with at least one
     assert teacher_agreement(good, norm, head, eps, tokens=12, temperature=temperature, top_p=top_p) == (12, 12)
 
