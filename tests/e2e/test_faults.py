@@ -317,7 +317,8 @@ def test_damage_in_place_is_repaired_to_the_uninterrupted_bytes_and_never_linked
     lines = [line for line in (plan.stdout + plan.stderr).splitlines() if "quarantined by --repair" in line]
     assert lines == [
         "draftpipe: results/completions/train_00000.jsonl was quarantined by --repair; rebuilding it and "
-        "results/hidden_states/train_00000.safetensors, results/vocab/token_freq.csv, results/vocab/vocab_maps.safetensors",
+        "results/completions/stats.json, results/hidden_states/train_00000.safetensors, results/vocab/token_freq.csv, "
+        "results/vocab/vocab_maps.safetensors",
         "draftpipe: results/hidden_states/train_00001.safetensors was quarantined by --repair; rebuilding it and "
         "results/draft/config.json, results/draft/metrics.csv",
     ]
