@@ -25,7 +25,7 @@ rule prompt_shard:
 # Counts of what the sources held (read, empty, duplicates, kept, per source); nothing downstream reads it.
 rule prompt_set:
     input:
-        sources=[s["path"] for s in config["prompts"]["sources"]],
+        sources=[s["path"] for s in config["prompts"]["sources"] if s.get("path")],  # files (a Hub set: by its rows)
         parts=expand("results/prompts/train_{shard}.jsonl", shard=SHARDS) + ["results/prompts/eval.jsonl"],
     output:
         stats=report("results/prompts/stats.json", category="Prompt set"),

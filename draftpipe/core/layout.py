@@ -47,3 +47,8 @@ def results_dir_of(output: str | os.PathLike) -> Path:
 def store_dir(output: str | os.PathLike, stage: str) -> Path:
     """The stage store of a shard output ``<results>/<stage>/train_<shard>.<ext>``: ``<results>/.store/<stage>``."""
     return results_dir_of(output) / STORE / stage
+
+
+def ml_python() -> str:
+    """The ML environment's interpreter: ``DRAFTPIPE_ML_PYTHON``, else ``.venv/bin/python`` beside this package."""
+    return os.environ.get("DRAFTPIPE_ML_PYTHON") or str(SOURCE_ROOT / ".venv" / "bin" / "python")

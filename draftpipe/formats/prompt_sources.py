@@ -254,6 +254,9 @@ def iter_source_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
 
 
 def source_location(path: str | Path, number: int) -> str:
-    """How messages name record ``number`` of a source: ``file:line``, or ``file: row N`` for parquet."""
+    """How messages name record ``number`` of a source: ``file:line``, or ``file: row N`` for parquet and for a Hub
+    dataset (``hf://datasets/...``, :mod:`draftpipe.formats.hub_sources`)."""
+    if str(path).startswith("hf://"):
+        return f"{path}: row {number}"
     path = Path(path)
     return f"{path}: row {number}" if _base_suffix(path) == ".parquet" else f"{path}:{number}"

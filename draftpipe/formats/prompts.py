@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from draftpipe.formats.hub_sources import dataset_rows_file, with_shortcut
 from draftpipe.formats.prompt_fields import ignored_text_keys, keys_of, mapped_text, mapping_keys
 from draftpipe.formats.prompt_sources import PromptFormatError, iter_source_rows, json_type, source_location
 
@@ -364,6 +365,20 @@ def _check_explicit_id(obj: dict, where: str, pid: str, explicit_ids: dict[str, 
         raise PromptFormatError(f"{where}: id {obj['id']!r} was already used for a different prompt at {first[0]}")
 
 
+def open_source(src: dict, field: str) -> tuple[str, dict, Path]:
+    """``(name, settings, file)`` of a source entry: a local file is its own name and file; a Hub dataset
+    (``dataset``, :mod:`draftpipe.formats.hub_sources`) is named ``hf://datasets/ORG/NAME@<commit>/...``, its
+    shortcut's settings filled in, and read from the rows it was streamed to (one row per line).
+
+    Raises:
+        draftpipe.formats.hub_sources.HubSourceError: a Hub source that cannot be resolved or read."""
+    if src.get("dataset") is None:
+        return str(Path(src["path"])), src, Path(src["path"])
+    settings = with_shortcut(src)
+    ds, rows = dataset_rows_file(settings, field)
+    return ds.label, settings, rows
+
+
 def load_prompts(sources: Iterable[dict], system_prompt: str | None = None) -> tuple[list[dict], PromptStats]:
     """Read every source, normalise, and drop empty prompts and duplicates (first occurrence wins).
 
@@ -386,19 +401,18 @@ def load_prompts(sources: Iterable[dict], system_prompt: str | None = None) -> t
     """
     stats = PromptStats()
     seen: dict[str, dict] = {}
-    sources = list(sources)
-    paths = Counter(str(Path(src["path"])) for src in sources)
-    for i, src in enumerate(sources):
-        path = Path(src["path"])
+    opened = [open_source(src, f"prompts.sources[{i}]") for i, src in enumerate(sources)]
+    paths = Counter(name for name, _, _ in opened)
+    for i, (path, src, rows) in enumerate(opened):
         # a file listed twice (with different fields) gets one entry per listing
-        label = str(path) if paths[str(path)] == 1 else f"{path} (prompts.sources[{i}])"
+        label = str(path) if paths[path] == 1 else f"{path} (prompts.sources[{i}])"
         counts = Counter()
         ignored: Counter = Counter()
         ignored_at: dict[str, str] = {}
         used = mapping_keys(src)
         explicit_ids: dict[str, tuple[str, str]] = {}
         cap = src.get("max_records")
-        for number, obj in iter_source_rows(path):
+        for number, obj in iter_source_rows(rows):
             if cap is not None and counts["read"] >= cap:
                 break  # prompts.sources[i].max_records: the source's first records only
             counts["read"] += 1
@@ -424,7 +438,7 @@ def load_prompts(sources: Iterable[dict], system_prompt: str | None = None) -> t
                 "id": pid,
                 "messages": messages,
                 **({"tools": tools} if tools else {}),
-                "source": str(path),
+                "source": path,
                 "line": number,
             }
             counts["kept"] += 1

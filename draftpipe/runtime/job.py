@@ -15,7 +15,7 @@ import time
 from draftpipe.core import progress
 from draftpipe.core.gpus import hold
 from draftpipe.core.io import remove_interrupted_writes
-from draftpipe.core.layout import SOURCE_ROOT
+from draftpipe.core.layout import ml_python
 from draftpipe.formats.provenance import manifest_path, now_iso, remove_manifests, write_manifests
 
 _STARTED_AT_ENV = "DRAFTPIPE_JOB_STARTED_AT"
@@ -33,11 +33,6 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     except OSError:
         return
     libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-
-
-def ml_python() -> str:
-    """The ML environment's interpreter: ``DRAFTPIPE_ML_PYTHON``, else ``.venv/bin/python`` beside this package."""
-    return os.environ.get("DRAFTPIPE_ML_PYTHON") or str(SOURCE_ROOT / ".venv" / "bin" / "python")
 
 
 def ensure_ml_python() -> None:

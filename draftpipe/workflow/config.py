@@ -19,7 +19,6 @@ from draftpipe.core.gpus import draft_world_size
 from draftpipe.core.io import JSONLimitError, load_json
 from draftpipe.formats.chat import PACKAGE_TEMPLATES
 from draftpipe.formats.hidden_states import resolve_aux_layer_ids
-from draftpipe.formats.prompt_fields import template_keys
 from draftpipe.formats.verifier import (
     VerifierNotFoundError,
     check_gguf,
@@ -28,11 +27,8 @@ from draftpipe.formats.verifier import (
     load_verifier_config,
     resolve_gguf_head_dim,
 )
-
-
-class ConfigError(ValueError):
-    """A config value is wrong; the message names the key (``section.key``)."""
-
+from draftpipe.workflow.errors import ConfigError
+from draftpipe.workflow.sources import check_sources
 
 SCHEMA = Path(__file__).with_name("config.schema.yaml")
 
@@ -538,30 +534,7 @@ def check_config(config: dict, resolved: dict) -> dict[str, Any]:
             "(resources.draft.nodes x resources.draft.ranks, or one per GPU of resources.draft.gpus): "
             "each step's packed batches are shared by the ranks"
         )
-    seen: dict[tuple, int] = {}
-    for i, src in enumerate(config["prompts"]["sources"]):
-        if Path(src["path"]).is_dir():
-            raise ConfigError(
-                f"prompts.sources[{i}].path: {src['path']} is a directory, not a file: list each of its files as a "
-                "source"
-            )
-        if not Path(src["path"]).is_file():
-            raise ConfigError(f"prompts.sources[{i}].path: {src['path']} does not exist")
-        if src.get("template") is not None and src.get("field") is not None:
-            raise ConfigError(f"prompts.sources[{i}]: give field or template, not both")
-        if src.get("template") is not None:
-            try:
-                template_keys(src["template"])
-            except ValueError as exc:
-                raise ConfigError(f"prompts.sources[{i}].template: {exc}") from None
-        same = seen.setdefault(
-            (str(Path(src["path"]).resolve()), json.dumps([src.get("field"), src.get("template")])), i
-        )
-        if same != i:
-            raise ConfigError(
-                f"prompts.sources[{i}]: {src['path']} is listed twice (also prompts.sources[{same}]), with the same "
-                "field or template; list each source once"
-            )
+    check_sources(config["prompts"]["sources"])
     template = (config.get("verifier") or {}).get("chat_template_file")
     if template is not None:
         if template not in PACKAGE_TEMPLATES and not Path(template).is_file():

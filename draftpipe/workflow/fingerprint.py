@@ -59,7 +59,8 @@ def prompt_fingerprints(
         ``{"train": [digest per shard], "eval": digest, "prompts": number of records kept, "train_prompts":
         number kept for training, "train_answers": {answers: training records} (the answers the verifier writes
         in a conversation with ``completions.turns: all``, :func:`draftpipe.formats.prompts.generation_points`),
-        "warnings": the loader's warnings (text a mapping leaves out)}``.
+        "warnings": the loader's warnings (text a mapping leaves out), "per_source": what each source gave
+        (:class:`draftpipe.formats.prompts.PromptStats`)}``.
 
     Raises:
         FileNotFoundError, draftpipe.formats.prompts.PromptFormatError: a source is missing or malformed (the message names
@@ -83,6 +84,7 @@ def prompt_fingerprints(
         "train_prompts": train,
         "train_answers": dict(Counter(len(generation_points(r["messages"])) for s in shards for r in s)),
         "warnings": stats.warnings,
+        "per_source": stats.per_source,
     }
 
 

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from draftpipe.core.gpus import draft_world_size
+from draftpipe.formats.prompts import open_source
 from draftpipe.formats.verifier import kv_cache_bytes_per_token
 from draftpipe.workflow.storage import parse_bytes, stream_gpu_memory
 
@@ -71,8 +72,8 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: d
         ``total_seq_len``).
     """
     records = chars = 0
-    for src in config["prompts"]["sources"]:
-        n, b = count_source(src["path"])
+    for i, src in enumerate(config["prompts"]["sources"]):
+        n, b = count_source(open_source(src, f"prompts.sources[{i}]")[2])
         cap = src.get("max_records")
         if cap is not None and n > cap:  # the source's first records only: its text prorated
             n, b = cap, b * cap // n
@@ -124,6 +125,7 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: d
         "draft_batches_per_step": int(config["draft"]["batches_per_step"]),
         "draft_batch_tokens": int(config["draft"]["batches_per_step"]) * int(config["draft"]["total_seq_len"]),
         "gguf": shape.get("gguf"),
+        "sources": (kept or {}).get("per_source"),
     }
 
 
@@ -185,6 +187,14 @@ def stream_devices(vllm: int, trainer: int, memory: float) -> str:
     )
 
 
+def sources_line(per_source: dict) -> str:
+    """What each prompt source gives (:class:`draftpipe.formats.prompts.PromptStats` ``per_source``), for the plan:
+    ``prompt sources: <name> <read> records (<kept> kept), ...``."""
+    return "prompt sources: " + "; ".join(
+        f"{name} {c.get('read', 0)} records ({c.get('kept', 0)} kept)" for name, c in per_source.items()
+    )
+
+
 def format_plan(p: dict) -> str:
     """One block of text for the console."""
     return (
@@ -193,6 +203,7 @@ def format_plan(p: dict) -> str:
         f"({p['aux_states']} x {p['hidden_size']} x {p['dtype']}"
         f"{' + a float32 scale each' if p['dtype'] in SCALE_BYTES else ''} per token) {human(p['hidden_state_bytes'])}; "
         f"completions {human(p['completion_bytes'])}; disk needed {human(p['disk_bytes'])}\n"
+        + (sources_line(p["sources"]) + "\n" if p.get("sources") else "")
         + (storage_line(p) + "\n" if "storage" in p else "")
         + f"hidden_states engine: vLLM extract_hidden_states, tensor parallel {p['engine_tp']}; hidden-state cache "
         f"{human(p['state_cache_bytes_per_token'])} per token on every GPU"

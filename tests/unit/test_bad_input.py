@@ -903,7 +903,8 @@ SCHEMA_ERRORS = [
     pytest.param(
         "prompts.sources",
         [{"file": "p.jsonl"}],
-        "prompts.sources[0].file: unknown key (known keys: field, ignore, max_records, path, template)",
+        "prompts.sources[0].file: unknown key (known keys: dataset, field, ignore, max_records, name, path, revision, "
+        "split, template)",
         id="source-key-misspelt",
     ),
     # issue 28: what speculators refuses minutes into the draft job, refused when the workflow is read
