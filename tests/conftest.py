@@ -1,9 +1,14 @@
 """Shared fixtures: the repository root, the embedded default verifier converted once per session, the embedded
-default built once per session (no test writes into that build: tests that change it work in a copy), a copy of it
-benchmarked once, and the ``unit`` / ``e2e`` marker of every test from its folder."""
+default built once per test run (no test writes into that build: tests that change it work in a copy; under
+``pytest -n N`` the workers share it, :func:`once`), a copy of it benchmarked once, and the ``unit`` / ``e2e``
+marker of every test from its folder. Under ``pytest -n N --dist loadfile`` a test module runs on one worker, whose
+module-scoped builds it shares (CI runs the end-to-end tests one at a time: two workers' draft trainings on two
+cores ran about 40 times slower, their OpenMP threads sharing the cores)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 from pathlib import Path
 
 import pytest
@@ -13,12 +18,40 @@ GGUF = REPO / "draftpipe" / "data" / "stories260K" / "stories260K.gguf"
 TINYSTORIES = REPO / "draftpipe" / "data" / "prompts" / "tinystories_evaluation_prompts.jsonl"
 
 
+def pytest_configure(config):
+    """On a worker of ``pytest -n N`` (pytest-xdist, ``PYTEST_XDIST_WORKER=gw<i>``) with a core per worker, bind the
+    OpenMP threads of the vLLM engines the worker's tests start to core ``i`` (``VLLM_CPU_OMP_THREADS_BIND``, unless
+    set): vLLM's ``auto`` binding gives every engine of the machine the same cores, so two workers' engines would
+    share one core of two while the other idles."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cores = sorted(os.sched_getaffinity(0))
+    if worker.startswith("gw") and 1 < count <= len(cores):
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(worker[2:]) % len(cores)]))
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark each test ``unit`` or ``e2e`` after its folder (``tests/unit``, ``tests/e2e``)."""
     for item in items:
         kind = Path(str(item.fspath)).parent.name
         if kind in ("unit", "e2e"):
             item.add_marker(kind)
+
+
+def once(tmp_path_factory, name: str, make) -> Path:
+    """``make(folder)`` (it creates the folder and returns the result's path) once per test run: in this session's
+    temporary directory, or, on a worker of ``pytest -n N``, in the run's directory common to the workers, made by
+    the first worker that asks while the others wait on a lock and then take its result. A failed ``make`` leaves
+    no result: the next worker to ask tries again."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make(tmp_path_factory.mktemp(name))
+    root = tmp_path_factory.getbasetemp().parent  # pytest-N/, holding each worker's popen-gw<i>/
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        done = root / f"{name}.done"
+        if not done.is_file():
+            done.write_text(str(make(root / name)))
+        return Path(done.read_text())
 
 
 @pytest.fixture(scope="session")
@@ -53,12 +86,16 @@ def built(tmp_path_factory) -> Path:
     had after the build, else the fixture fails naming the files."""
     from helpers.workflow import copy_workflow, small_extraction_calls, snakemake
 
-    work = copy_workflow(tmp_path_factory.mktemp("workflow"))
-    small_extraction_calls(work)  # the fault test compares bytes with this run: the same vLLM calls
-    proc = snakemake(
-        work, "results/draft/model.safetensors", "results/prompts/stats.json", "results/completions/stats.json"
-    )
-    (work.parent / "build.out").write_text(proc.stdout + proc.stderr)  # what the console showed
+    def build(folder: Path) -> Path:
+        work = copy_workflow(folder / "workflow")
+        small_extraction_calls(work)  # the fault test compares bytes with this run: the same vLLM calls
+        proc = snakemake(
+            work, "results/draft/model.safetensors", "results/prompts/stats.json", "results/completions/stats.json"
+        )
+        (work.parent / "build.out").write_text(proc.stdout + proc.stderr)  # what the console showed
+        return work
+
+    work = once(tmp_path_factory, "built", build)
     before = tree_state(work)
     yield work
     after = tree_state(work)
@@ -74,9 +111,13 @@ def benched(built, tmp_path_factory) -> Path:
     (:func:`helpers.workflow.copy_build`), so the measurement is made once per session, not once per test."""
     from helpers.workflow import copy_build, snakemake
 
-    work = copy_build(built, tmp_path_factory.mktemp("benched") / "wf")
-    snakemake(work, "results/bench/summary.json")
-    return work
+    def bench(folder: Path) -> Path:
+        folder.mkdir()
+        work = copy_build(built, folder / "wf")
+        snakemake(work, "results/bench/summary.json")
+        return work
+
+    return once(tmp_path_factory, "benched", bench)
 
 
 TINY_CONFIGS = REPO / "tests" / "data" / "verifiers"
