@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -39,10 +40,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 def once(tmp_path_factory, name: str, make) -> Path:
-    """``make(folder)`` (it creates the folder and returns the result's path) once per test run: in this session's
-    temporary directory, or, on a worker of ``pytest -n N``, in the run's directory common to the workers, made by
-    the first worker that asks while the others wait on a lock and then take its result. A failed ``make`` leaves
-    no result: the next worker to ask tries again."""
+    """``make(folder)`` (``folder`` is a new empty directory; ``make`` returns the result's path) once per test run:
+    in this session's temporary directory, or, on a worker of ``pytest -n N``, in the run's directory common to the
+    workers, made by the first worker that asks while the others wait on a lock and then take its result. A failed
+    ``make`` leaves no result: the next worker to ask tries again, in a directory of its own."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return make(tmp_path_factory.mktemp(name))
     root = tmp_path_factory.getbasetemp().parent  # pytest-N/, holding each worker's popen-gw<i>/
@@ -50,7 +51,7 @@ def once(tmp_path_factory, name: str, make) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         done = root / f"{name}.done"
         if not done.is_file():
-            done.write_text(str(make(root / name)))
+            done.write_text(str(make(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root)))))
         return Path(done.read_text())
 
 
@@ -112,7 +113,6 @@ def benched(built, tmp_path_factory) -> Path:
     from helpers.workflow import copy_build, snakemake
 
     def bench(folder: Path) -> Path:
-        folder.mkdir()
         work = copy_build(built, folder / "wf")
         snakemake(work, "results/bench/summary.json")
         return work
