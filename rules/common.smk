@@ -13,7 +13,9 @@ from draftpipe.formats.verifier import VerifierNotFoundError
 from draftpipe.runtime.integrity import repaired_pending
 from draftpipe.runtime.store import code_digest, stored_already
 from draftpipe.workflow.config import ConfigError, check_config
-from draftpipe.workflow.identity import report_title, verifier_identity
+from draftpipe.workflow.identity import published_verifier, report_title, verifier_hub_id, verifier_identity
+from draftpipe.workflow.identity import verifier_license
+from draftpipe.workflow.sources import hub_dataset_ids
 from draftpipe.workflow.fingerprint import NoTrainingPromptsError, prompt_fingerprints
 from draftpipe.workflow.parse import configured_verifier, live_check, print_plan, quarantine_corrupt_shards
 from draftpipe.workflow.parse import rendering, verifier_dir
@@ -126,11 +128,12 @@ def served_summary(wildcards=None):
 
 
 def draft_params():
-    """The draft rule's param `draft`: the `draft` section without the quality gate `min_train_samples` (it shapes
-    nothing: untracked) and without `init` at its default `random` (so a draft built before the knob existed is not
-    retrained)."""
+    """The draft rule's param `draft`: the `draft` section without the quality gate `min_train_samples` and the
+    metric `loggers` (they shape nothing: untracked) and without `init` at its default `random` (so a draft built
+    before the knob existed is not retrained)."""
+    untracked = ("min_train_samples", "loggers")
     return canon(
-        {k: v for k, v in config["draft"].items() if k != "min_train_samples" and not (k == "init" and v == "random")}
+        {k: v for k, v in config["draft"].items() if k not in untracked and not (k == "init" and v == "random")}
     )
 
 

@@ -12,6 +12,7 @@ rule draft:
     params:
         verifier=VERIFIER_DIR,
         verifier_id=VERIFIER_ID,
+        verifier_name=published_verifier(VERIFIER, config),  # config.json's verifier: its hub id, never a path
         draft=draft_params(),  # what shapes the draft (rules/common.smk)
         **stream_params(),  # hidden_states.storage: stream only
         untracked=job_settings("draft", config),  # shapes nothing: draftpipe/workflow/settings.py

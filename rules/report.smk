@@ -38,3 +38,31 @@ rule compat_report:
         ML_ENV
     script:
         "../scripts/compat_report.py"
+
+
+# The draft's model card: what the Hub shows, in the draft folder that draftpipe-publish pushes.
+rule model_card:
+    input:
+        config=rules.draft.output.config,
+        metrics=rules.draft.output.metrics,
+        prompts=rules.prompt_set.output.stats,
+        completions=rules.completion_stats.output.stats,
+        compat=rules.compat_report.output.json,
+        **({"bench": "results/bench/summary.json"} if config["card"]["benchmark"] else {}),
+    output:
+        card="results/draft/README.md",
+    params:
+        verifier=published_verifier(VERIFIER, config),
+        base_model=verifier_hub_id(VERIFIER, config),
+        license=verifier_license(VERIFIER, config),
+        datasets=hub_dataset_ids(config["prompts"]["sources"]),
+        tags=config["card"]["tags"],
+        title=report_title(config, VERIFIER),
+        sampling=canon({k: config["completions"][k] for k in ("samples_per_prompt", "temperature", "top_p", "max_tokens")}),
+    log:
+        "results/logs/model_card.log",
+    threads: 1
+    conda:
+        ML_ENV
+    script:
+        "../scripts/model_card.py"

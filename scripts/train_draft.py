@@ -88,6 +88,8 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
             stream=stream,
             loss_implementation=job_s.loss_implementation,
             loader_workers=job_s.loader_workers,
+            loggers=job_s.loggers,
+            log_dir=str(Path(snakemake.output.model).parent / "logs"),
         )
         with atomic_path(metrics) as tmp:
             metrics_frame(rows).to_csv(tmp, index=False)
@@ -96,7 +98,7 @@ with job(snakemake):  # ML environment, log, GPUs, threads; manifests when the b
             model,
             config,
             aux_ids,
-            str(Path(p.verifier).resolve()) if Path(p.verifier).exists() else p.verifier,
+            p.verifier_name,
         )
         print(metrics_frame(rows).to_string())
 

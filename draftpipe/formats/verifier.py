@@ -245,6 +245,7 @@ def _gguf_metadata(path: str, size: int, mtime_ns: int) -> dict:
     return {
         "architecture": arch,
         "name": _gguf_value(reader, "general.name"),
+        "license": _gguf_value(reader, "general.license"),
         "tokenizer_model": _gguf_value(reader, "tokenizer.ggml.model"),
         "chat_template": template if isinstance(template, str) and template.strip() else None,
         "add_bos_token": _gguf_value(reader, "tokenizer.ggml.add_bos_token"),
@@ -268,7 +269,7 @@ def gguf_metadata(path: str | os.PathLike) -> dict:
         path: a ``.gguf`` file.
 
     Returns:
-        ``architecture`` (``general.architecture``), ``name``, ``tokenizer_model`` (``tokenizer.ggml.model``:
+        ``architecture`` (``general.architecture``), ``name``, ``license`` (``general.license``), ``tokenizer_model`` (``tokenizer.ggml.model``:
         ``llama`` or ``gpt2``), ``chat_template`` (``tokenizer.chat_template``, None when absent or blank),
         ``add_bos_token`` (None when absent), ``context_length``, ``hidden_size``, ``num_hidden_layers``,
         ``num_attention_heads``, ``num_key_value_heads``, ``head_dim`` (``attention.key_length``, else hidden size

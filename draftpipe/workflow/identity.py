@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+
 from draftpipe.core.io import cached_sha256, cached_sha256s
 from draftpipe.core.layout import DIGEST_CACHE
 from draftpipe.formats.chat import template_hash
+from draftpipe.formats.verifier import gguf_metadata
 
 #: Files of a Hugging Face model directory that shape what the verifier generates and how its text is tokenized.
 IDENTITY_FILES = (
@@ -114,3 +117,39 @@ def report_title(config: dict, resolved: dict) -> str:
     """``bench.report.title``, or when null ``EAGLE-3 draft for <verifier_name> in vLLM``."""
     title = ((config.get("bench") or {}).get("report") or {}).get("title")
     return title if title else f"EAGLE-3 draft for {verifier_name(resolved)} in vLLM"
+
+
+def verifier_hub_id(resolved: dict, config: dict) -> str | None:
+    """The verifier's Hugging Face Hub id: ``verifier.hub_id``, else ``verifier.path`` when that is a hub id, else
+    None (a GGUF or a local directory named by no Hub id)."""
+    hub_id = config["verifier"].get("hub_id")
+    if hub_id:
+        return str(hub_id)
+    return str(resolved["id"]) if resolved.get("kind") == "hub" else None
+
+
+def published_verifier(resolved: dict, config: dict) -> str:
+    """What the draft's ``config.json`` records as its verifier (``speculators_config.verifier.name_or_path``, what
+    ``vllm serve <draft dir>`` loads): :func:`verifier_hub_id`, else :func:`verifier_name` (a name, never a path of
+    the machine that built the draft)."""
+    return verifier_hub_id(resolved, config) or verifier_name(resolved)
+
+
+def verifier_license(resolved: dict, config: dict) -> str | None:
+    """The licence of the draft's model card: ``card.license``, else the verifier's: a GGUF's ``general.license``,
+    a directory's (or cached Hub snapshot's) model card ``license`` (the YAML block opening its ``README.md``), else
+    None. A card that cannot be read gives None (the draft's card then names no licence)."""
+    chosen = (config.get("card") or {}).get("license")
+    if chosen:
+        return str(chosen)
+    if resolved.get("kind") == "gguf":
+        value = gguf_metadata(resolved["path"]).get("license")
+        return str(value) if value else None
+    folder = Path(str(resolved.get("path") or Path(str(resolved.get("config_path") or "")).parent))
+    try:
+        text = (folder / "README.md").read_text(encoding="utf-8")
+        meta = yaml.safe_load(text.split("---", 2)[1]) if text.startswith("---") else None
+    except (OSError, UnicodeDecodeError, IndexError, yaml.YAMLError):
+        return None
+    value = meta.get("license") if isinstance(meta, dict) else None
+    return str(value) if isinstance(value, str) and value else None

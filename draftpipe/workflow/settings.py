@@ -72,6 +72,7 @@ class DraftJob:
     loss_implementation: str = "auto"
     loader_workers: int | None = None
     state_gate: dict | None = None
+    loggers: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ def _settings(rule: str, config: dict) -> Any:
                 "temperature": config["completions"]["temperature"],
                 "top_p": config["completions"]["top_p"],
             },
+            tuple(config["draft"]["loggers"]),
         )
     if rule == "compat_report":
         return ReportJob(verifier["chat_template_file"], config["prompts"]["eval_fraction"])

@@ -79,3 +79,10 @@ def _is_hub_source(src: dict, field: str) -> bool:
     except HubSourceError as exc:
         raise ConfigError(str(exc)) from None
     return True
+
+
+def hub_dataset_ids(sources: list[dict]) -> list[str]:
+    """The Hub dataset ids (``ORG/NAME``) of ``prompts.sources``, shortcuts named by their id, in order, once each
+    (a model card's ``datasets``)."""
+    ids = [with_shortcut(src).get("dataset") or src.get("dataset") for src in sources if src.get("dataset")]
+    return list(dict.fromkeys(ids))

@@ -31,12 +31,13 @@ torch.set_num_threads(1)
 from draftpipe.stages.draft.export import export_draft
 from draftpipe.stages.draft.settings import DraftSettings
 from draftpipe.stages.draft.training import train_draft
-verifier, shards, maps, work, out, epochs, per_epoch, ranks, per_step, fsdp, loss, ttt, workers = sys.argv[1:14]
+verifier, shards, maps, work, out, epochs, per_epoch, ranks, per_step, fsdp, loss, ttt, workers, loggers = sys.argv[1:15]
 settings = DraftSettings(epochs=int(epochs), lr=3e-3, total_seq_len=256, val_every=5, seed=0,
                          batches_per_step=int(per_step), ttt_steps=int(ttt))
 checkpoint, rows = train_draft(verifier, shards.split(","), maps, work, settings, checkpoints_per_epoch=int(per_epoch),
                                ranks=int(ranks), threads=2, fsdp=fsdp == "fsdp", loss_implementation=loss,
-                               loader_workers=None if workers == "auto" else int(workers))
+                               loader_workers=None if workers == "auto" else int(workers),
+                               loggers=tuple(loggers.split(",")) if loggers else (), log_dir=out + "/logs")
 export_draft(checkpoint, out + "/model.safetensors", out + "/config.json", [1, 2, 4], "verifier")
 with open(out + "/metrics.json", "w") as fh:
     json.dump(rows, fh)
@@ -89,6 +90,7 @@ def _train_cmd(
     epochs=EPOCHS,
     ttt=3,
     workers="auto",
+    loggers="",
 ):
     paths, maps = shards
     out.mkdir(parents=True, exist_ok=True)
@@ -109,6 +111,7 @@ def _train_cmd(
         loss,
         str(ttt),
         str(workers),
+        loggers,
     ]
 
 
@@ -188,16 +191,49 @@ def test_training_killed_after_a_checkpoint_resumes_to_identical_bytes(
     assert rows == json.loads((reference / "metrics.json").read_text())
 
 
-def test_loader_worker_processes_train_the_same_bytes(verifier_dir, shards, reference, tmp_path):
+def test_loader_workers_and_the_loggers_train_the_same_bytes_and_the_loggers_hold_the_metrics(
+    verifier_dir, shards, reference, tmp_path, monkeypatch
+):
     # resources.draft.loader_workers on a CPU (automatic there: none): two processes, kept from epoch to epoch, read
-    # the training and validation batches ahead; the draft and its metrics are the uninterrupted run's
-    run = _train(verifier_dir, shards, tmp_path, workers=2)
+    # the training and validation batches ahead; draft.loggers: [tensorboard, mlflow] write what the trainer logs.
+    # The draft and its metrics are the uninterrupted run's
+    run = _train(verifier_dir, shards, tmp_path, workers=2, loggers="tensorboard,mlflow")
     assert "draft data: 2 loader worker process(es) per rank read the batches ahead" in run.stdout
     for name in ("model.safetensors", "config.json"):
         assert sha256_file(tmp_path / "out" / name) == sha256_file(reference / name), name
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text()) == json.loads(
-        (reference / "metrics.json").read_text()
-    )
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics == json.loads((reference / "metrics.json").read_text())
+    # the TensorBoard events, read back as TensorBoard reads them: per step the train loss, whose mean over an
+    # epoch's steps is metrics.csv's train_loss, and per epoch the validation loss and accuracies
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run_dir,) = [p for p in (tmp_path / "out" / "logs").iterdir() if p.name != "mlruns"]
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    train = [e.value for e in events.Scalars("train/loss")]
+    assert len(train) == sum(row["train_steps"] for row in metrics)
+    start = 0
+    for row in metrics:
+        steps = train[start : start + row["train_steps"]]
+        start += row["train_steps"]
+        assert sum(steps) / len(steps) == pytest.approx(row["train_loss"], rel=1e-6)
+    for tag, key in (("val/loss_epoch", "val_loss"), ("val/full_acc_2_epoch", "val_full_acc_2")):
+        assert [e.value for e in events.Scalars(tag)] == pytest.approx([row[key] for row in metrics], rel=1e-6)
+    ends = [sum(r["train_steps"] for r in metrics[: i + 1]) for i in range(len(metrics))]
+    assert [e.step for e in events.Scalars("val/loss_epoch")] == ends
+    # the MLflow run, read back through MLflow's client from the local store under logs/: the same values, at
+    # float64
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads its file store only when told to
+    client = MlflowClient((tmp_path / "out" / "logs" / "mlruns").as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("draftpipe").experiment_id])
+    assert run.info.run_name == run_dir.name and run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "train/loss")
+    assert [m.value for m in sorted(history, key=lambda m: m.step)] == pytest.approx(train, rel=1e-6)
+    val = sorted(client.get_metric_history(run.info.run_id, "val/loss_epoch"), key=lambda m: m.step)
+    assert [m.step for m in val] == ends
+    assert [m.value for m in val] == pytest.approx([row["val_loss"] for row in metrics], rel=1e-12)
 
 
 def _train(verifier_dir, shards, tmp, **kw):

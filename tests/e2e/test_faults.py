@@ -239,18 +239,7 @@ def test_a_kill_in_every_stage_ends_in_the_uninterrupted_artifacts(built, tmp_pa
     # every artifact has the bytes of the uninterrupted run
     mine, ref = artifacts(work), artifacts(built)
     assert sorted(mine) == sorted(ref) and len(mine) >= 14
-    differ = []
-    for name, path in mine.items():
-        if name == "results/draft/config.json":
-            # it names the verifier by its absolute path, which is each workflow copy's own
-            same = path.read_text().replace(str(work), "<workflow>") == ref[name].read_text().replace(
-                str(built.resolve()), "<workflow>"
-            )
-        else:
-            same = sha256_file(path) == sha256_file(ref[name])
-        if not same:
-            differ.append(name)
-    assert differ == []
+    assert [n for n, p in mine.items() if sha256_file(p) != sha256_file(ref[n])] == []
     # and the provenance manifests describe the finished tree
     verify = subprocess.run(
         [sys.executable, "-m", "draftpipe.checks.verify", "results"], cwd=work, capture_output=True, text=True
@@ -323,13 +312,15 @@ def test_damage_in_place_is_repaired_to_the_uninterrupted_bytes_and_never_linked
         "results/draft/config.json, results/draft/metrics.csv",
     ]
     assert planned_jobs(work) == {"completions": 1, "hidden_states": 2, "vocab_maps": 1, "draft": 1}
-    rebuild = snakemake(work, *command.group(1).split(), TARGET)
+    # the printed command, without the stages after the draft that its `all` also runs (the compatibility report,
+    # the benchmark, the model card): none of them was damaged, and this test compares the artifacts up to the draft
+    rebuild = snakemake(work, *command.group(1).split(), TARGET, "--omit-from", "compat_report")
     log = rebuild.stdout + rebuild.stderr
     assert "draft: found in the store" in (work / "results/logs/draft.log").read_text()
 
     mine, ref = artifacts(work), artifacts(built)
     assert sorted(mine) == sorted(ref)
-    differ = [n for n, p in mine.items() if n != "results/draft/config.json" and sha256_file(p) != sha256_file(ref[n])]
+    differ = [n for n, p in mine.items() if sha256_file(p) != sha256_file(ref[n])]
     assert differ == [], log[-3000:]
     clean = _verify(work)
     assert clean.returncode == 0 and "0 corrupt, 0 stale" in clean.stdout, clean.stdout[-3000:]

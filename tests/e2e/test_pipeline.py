@@ -257,6 +257,7 @@ def test_appending_an_eval_prompt_reruns_no_training_stage(built):
         "compat_report": 1,
         "bench_run": 1,
         "bench_report": 1,
+        "model_card": 1,
     }
 
 

@@ -295,3 +295,16 @@ def test_init_verifier_starts_the_draft_from_the_verifiers_last_aux_layer(verifi
 def test_init_verifier_refuses_a_draft_whose_heads_differ_from_the_verifiers(verifier_dir):
     with pytest.raises(ValueError, match=r"draft\.init: verifier: the verifier's model\.layers\.3\..*draft\.head_dim"):
         _drafts(verifier_dir, head_dim=16)
+
+
+def test_a_logger_whose_package_is_missing_is_refused_before_training(monkeypatch, tmp_path):
+    from draftpipe.stages.draft import loggers
+
+    loggers.check_loggers(["tensorboard"])  # installed by envs/setup.sh
+    monkeypatch.setitem(loggers.LOGGER_PACKAGES, "wandb", ("draftpipe_absent_package", "pip install wandb"))
+    with pytest.raises(ValueError, match=r"draft.loggers: wandb needs the 'draftpipe_absent_package' package, not "):
+        loggers.open_loggers(["tensorboard", "wandb"], tmp_path / "logs")
+    assert not (tmp_path / "logs").exists()  # refused before anything was written
+    with pytest.raises(ValueError, match=r"draft.loggers: 'csv' is not one of tensorboard, mlflow, trackio, wandb"):
+        loggers.check_loggers(["csv"])
+    assert loggers.open_loggers([], tmp_path / "none") == [] and not (tmp_path / "none").exists()

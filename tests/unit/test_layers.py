@@ -14,6 +14,7 @@ Folders, by layer (a module may import from the folders of lower layers and from
 3. ``stages``: the verifier's conversion, completions, hidden-state extraction, the draft (``stages/draft``).
 4. ``checks``: the compatibility report, speculative decoding, ``draftpipe-verify``.
 5. ``bench``: the benchmark.
+6. ``publish``: the draft's model card and ``draftpipe-publish``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "draftpipe"
 
 FOLDERS = {
     "core": 0, "formats": 1, "workflow": 2, "runtime": 2, "inference": 2, "stages": 3, "checks": 4, "bench": 5,
+    "publish": 6,
 }  # fmt: skip
 
 HEAVY = ("torch", "vllm", "transformers", "speculators", "safetensors", "numpy", "pandas")
@@ -176,6 +178,7 @@ def test_the_command_lines_are_installed_and_answer_help():
         "draftpipe-check",
         "draftpipe-config",
         "draftpipe-convert-gguf",
+        "draftpipe-publish",
         "draftpipe-spec-decode",
         "draftpipe-verify",
     ]

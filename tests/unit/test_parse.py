@@ -132,7 +132,7 @@ def test_the_conda_environment_of_the_rules_has_the_packages_of_the_venv(name):
     venv = [line.strip() for line in (REPO / f"envs/{name}.txt").read_text().splitlines()]
     assert [p for p in pip if not p.startswith("--")] == [line for line in venv if line and not line.startswith("#")]
     rules = "".join(p.read_text() for p in sorted((REPO / "rules").glob("*.smk")))
-    assert rules.count("conda:\n") == rules.count("script:\n") == 12
+    assert rules.count("conda:\n") == rules.count("script:\n") == 13
 
 
 def test_config_errors_print_one_line_without_a_traceback(workdir, tmp_path):

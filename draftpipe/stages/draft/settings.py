@@ -9,7 +9,8 @@ from typing import Any
 @dataclass
 class DraftSettings:
     """Every knob of the ``draft`` section: the ones that shape the checkpoint reach the rule through ``params:``;
-    the quality gate ``min_train_samples`` does not (it is read from the config, and changing it retrains nothing).
+    the quality gate ``min_train_samples`` and the metric ``loggers`` do not (they are read from the config, and
+    changing them retrains nothing).
 
     The defaults are the schema's (``draft`` in ``draftpipe/workflow/config.schema.yaml``, which fills them into the
     workflow's config); ``tests/unit/test_settings.py`` holds the two together."""
@@ -36,7 +37,12 @@ class DraftSettings:
     batches_per_step: int = 1
     #: quality gate (:func:`draftpipe.core.gates.check_train_samples`), not a param
     min_train_samples: int = 1
+    #: speculators' metric loggers (:mod:`draftpipe.stages.draft.loggers`), not a param: they watch, shape nothing
+    loggers: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.loggers = tuple(self.loggers)  # the config's list
 
 
 def settings_from_params(params: dict[str, Any]) -> DraftSettings:

@@ -41,6 +41,7 @@ from draftpipe.formats.vocab import read_maps
 from draftpipe.stages.draft import attention, data
 from draftpipe.stages.draft.checkpoint import TRAINING_STATE
 from draftpipe.stages.draft.data import ShardDataset, accounting_line, packed_loader
+from draftpipe.stages.draft.loggers import close_loggers, open_loggers
 from draftpipe.stages.draft.loss import training_loss
 from draftpipe.stages.draft.metrics import epoch_metrics
 from draftpipe.stages.draft.ranks import check_batches_per_step, init_ranks, launch
@@ -117,6 +118,8 @@ def train_draft(
     stream: StreamSettings | None = None,
     loss_implementation: str = "auto",
     loader_workers: int | None = None,
+    loggers: tuple[str, ...] = (),
+    log_dir: str | None = None,
 ) -> tuple[Path, list[dict]]:
     """Train the draft; return the directory of the final epoch's checkpoint and the per-epoch metrics.
 
@@ -140,6 +143,9 @@ def train_draft(
     changes the draft, like ``fsdp``, only by floating-point rounding. ``loader_workers`` (None: automatic,
     :func:`draftpipe.stages.draft.data.loader_workers`) changes when batches are read, never which.
 
+    ``loggers`` (``draft.loggers``: :mod:`draftpipe.stages.draft.loggers`) write what rank 0 logs to ``log_dir`` as
+    well; they change nothing the draft is.
+
     ``stream`` (``hidden_states.storage: stream``): ``shards`` are the completions shards, and the hidden states
     come from a vLLM producer as training reads them, within ``stream.budget`` bytes of disk
     (:mod:`draftpipe.stages.draft.stream`); one rank only.
@@ -154,7 +160,7 @@ def train_draft(
     check_batches_per_step(s.batches_per_step, world)  # before any rank starts
     job = {"verifier_dir": verifier_dir, "shards": shards, "vocab_maps": vocab_maps, "work_dir": work_dir, "s": s,
            "checkpoints_per_epoch": checkpoints_per_epoch, "loss_implementation": loss_implementation,
-           "loader_workers": loader_workers}  # fmt: skip
+           "loader_workers": loader_workers, "loggers": list(loggers), "log_dir": log_dir}  # fmt: skip
     if stream is not None:
         if world > 1:
             raise ValueError(f"hidden_states.storage: stream trains with one rank, not {world}")
@@ -236,7 +242,8 @@ def _datasets(shards, s: DraftSettings, hs_dtype, spool: Spool | None):
 
 def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, checkpoints_per_epoch: int,
                 fsdp: bool = False, spool: Spool | None = None, loss_implementation: str = "auto",
-                loader_workers: int | None = None):  # fmt: skip
+                loader_workers: int | None = None, loggers: list[str] | tuple[str, ...] = (),
+                log_dir: str | None = None):  # fmt: skip
     """:func:`train_draft` in this process (one rank, or one of several under torchrun)."""
     import torch
     from speculators.train.trainer import TrainerConfig
@@ -296,5 +303,9 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
         spool.publish(
             plan_units(*samplers, train_ds.global_index, val_ds.global_index, s.epochs, *trainer.resume_point)
         )
-    trainer.run_training()
+    handlers = open_loggers(loggers, log_dir or str(work_dir) + ".logs") if rank == 0 else []
+    try:
+        trainer.run_training()
+    finally:
+        close_loggers(handlers)
     return Path(work_dir) / str(s.epochs - 1), epoch_metrics(trainer.metric_records)
