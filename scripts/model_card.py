@@ -10,19 +10,22 @@ if __name__ == "__main__":
     from draftpipe.runtime.job import job
 
     with job(snakemake):  # ML environment, log, threads; manifests when the block ends normally
-        from draftpipe.core.io import write_text
+        from draftpipe.core.io import load_json, write_text
         from draftpipe.core.progress import console
-        from draftpipe.publish.card import load_json, read_metrics, render_card
+        from draftpipe.publish.card import read_metrics, render_card
+
+        def read(path):
+            return None if path is None else load_json(Path(path).read_bytes())
 
         p = snakemake.params
         inp = snakemake.input
         text = render_card(
-            draft_config=load_json(inp.config),
+            draft_config=read(inp.config),
             metrics=read_metrics(inp.metrics),
-            prompt_stats=load_json(inp.prompts),
-            completion_stats=load_json(inp.completions),
-            compat=load_json(inp.compat),
-            bench=load_json(inp.get("bench")),
+            prompt_stats=read(inp.prompts),
+            completion_stats=read(inp.completions),
+            compat=read(inp.compat),
+            bench=read(inp.get("bench")),
             verifier=p.verifier,
             base_model=p.base_model,
             license=p.license,

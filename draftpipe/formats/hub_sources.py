@@ -50,7 +50,8 @@ SHORTCUTS: dict[str, dict] = {
 #: seconds the Hub's API may take to name a revision's commit
 API_TIMEOUT = 20
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+#: a Hub repository id, ``ORG/NAME`` (datasets and models alike)
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -92,7 +93,7 @@ def check_dataset_id(dataset: str, field: str) -> None:
 
     Raises:
         HubSourceError: naming ``field`` and the shortcuts."""
-    if dataset not in SHORTCUTS and not _REPO_ID.match(dataset):
+    if dataset not in SHORTCUTS and not REPO_ID.match(dataset):
         raise HubSourceError(
             f"{field}: {dataset!r} is neither a Hub dataset id (ORG/NAME) nor a shortcut "
             f"({', '.join(sorted(SHORTCUTS))})"

@@ -4,8 +4,6 @@ how often its tokens are accepted."""
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 
 #: tags every draft's card carries (the Hub's speculator cards use the first four)
@@ -47,19 +45,11 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The rows of the draft's ``metrics.csv`` (one per epoch), numbers as floats (empty cells None)."""
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    out = []
-    for row in rows:
-        parsed = {}
-        for key, value in row.items():
-            try:
-                parsed[key] = float(value) if value not in ("", None) else None
-            except ValueError:
-                parsed[key] = value
-        out.append(parsed)
-    return out
+    """The rows of the draft's ``metrics.csv`` (one per epoch) as dicts, empty cells None."""
+    import pandas as pd
+
+    frame = pd.read_csv(path)
+    return frame.astype(object).where(frame.notna(), None).to_dict("records")
 
 
 def render_card(
@@ -208,8 +198,3 @@ def _bench_lines(bench: dict | None) -> list[str]:
         "",
         f"vLLM {env.get('vllm', '?')} on {env.get('cpu_count', '?')} CPU cores / {env.get('machine', '?')}.",
     ]
-
-
-def load_json(path: str | Path | None) -> dict | None:
-    """A JSON file's object, or None for no path."""
-    return None if path is None else json.loads(Path(path).read_text(encoding="utf-8"))

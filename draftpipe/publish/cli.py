@@ -6,11 +6,13 @@ that built it."""
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 import sys
 from pathlib import Path
+
+from draftpipe.core.io import sha256_file
+from draftpipe.formats.hub_sources import REPO_ID
 
 #: what is published of a draft folder (the manifests, logs and training state stay with the build)
 PUBLISHED = ("config.json", "model.safetensors", "README.md", "metrics.csv")
@@ -89,14 +91,6 @@ def check_publishable(draft_dir: str | Path, roots: list[str] | None = None) -> 
     return files
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def main(argv: list[str] | None = None) -> int:
     """The command line; exit status 0 published (or would), 1 not fit to publish, 2 a Hub error."""
     ap = argparse.ArgumentParser(prog="draftpipe-publish", description=__doc__.split("\n\n")[0])
@@ -106,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--revision", default=None, help="the branch to push to (default: main)")
     ap.add_argument("--dry-run", action="store_true", help="list what would be sent; send nothing")
     args = ap.parse_args(argv)
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$", args.repo):
+    if not REPO_ID.match(args.repo):
         print(f"draftpipe-publish: --repo {args.repo!r} is not a Hub repository id (ORG/NAME)", file=sys.stderr)
         return 1
     try:
@@ -122,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{' (private)' if args.private else ''}"
     )
     for p in files:
-        print(f"  {p.name}\t{p.stat().st_size:,} bytes\tsha256 {sha256(p)}")
+        print(f"  {p.name}\t{p.stat().st_size:,} bytes\tsha256 {sha256_file(p)}")
     if args.dry_run:
         return 0
     from huggingface_hub import HfApi

@@ -167,6 +167,8 @@ def test_publish_sends_the_draft_card_and_metrics_and_refuses_a_local_path(tmp_p
     assert "README.md missing" in capsys.readouterr().err
 
 
-def test_local_paths_match_whole_folder_names_only():
-    assert local_paths('{"a": "/work/x/results/verifier"}', ["/work/x"]) == ['{"a": "/work/x/results/verifier"}']
-    assert local_paths('{"a": "/work/xy"}', ["/work/x"]) == []
+def test_local_paths_match_whole_folder_names_only(tmp_path):
+    root = str(tmp_path / "wf")
+    text = json.dumps({"a": f"{root}/results/verifier"})
+    assert local_paths(text, [root]) == [text]
+    assert local_paths(json.dumps({"a": f"{root}y"}), [root]) == []
