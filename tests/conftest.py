@@ -1,14 +1,16 @@
 """Shared fixtures: the repository root, the embedded default verifier converted once per session, the embedded
 default built once per test run (no test writes into that build: tests that change it work in a copy; under
 ``pytest -n N`` the workers share it, :func:`once`), a copy of it benchmarked once, and the ``unit`` / ``e2e``
-marker of every test from its folder. Under ``pytest -n N --dist loadfile`` a test module runs on one worker, whose
-module-scoped builds it shares (CI runs the end-to-end tests one at a time: two workers' draft trainings on two
-cores ran about 40 times slower, their OpenMP threads sharing the cores)."""
+marker of every test from its folder. Under ``pytest -n N`` each worker gets an equal part of the machine's cores
+(:data:`CORES`: Snakemake's ``--cores``, the OpenMP threads and the vLLM engines' core binding of its tests), and
+under ``--dist loadfile`` a test module runs on one worker, whose module-scoped builds it shares, the modules
+handed out longest first (:func:`pytest_xdist_make_scheduler`)."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -19,16 +21,94 @@ GGUF = REPO / "draftpipe" / "data" / "stories260K" / "stories260K.gguf"
 TINYSTORIES = REPO / "draftpipe" / "data" / "prompts" / "tinystories_evaluation_prompts.jsonl"
 
 
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+#: Cores for this process's tests: all the process may use, or under ``pytest -n N`` an N-th of them (at least 1).
+#: Every workflow run of the tests asks Snakemake for this many (``--cores``), so two workers' jobs never run more
+#: threads than the machine has: two draft trainings of 2 OpenMP threads each on 2 cores trained ~40 times slower.
+#: Runs whose bytes are compared must use the same count (the hidden states and the draft depend on it at the last
+#: bit); the workers of one run all do.
+CORES = max(1, len(os.sched_getaffinity(0)) // WORKERS)
+
+
 def pytest_configure(config):
-    """On a worker of ``pytest -n N`` (pytest-xdist, ``PYTEST_XDIST_WORKER=gw<i>``) with a core per worker, bind the
-    OpenMP threads of the vLLM engines the worker's tests start to core ``i`` (``VLLM_CPU_OMP_THREADS_BIND``, unless
-    set): vLLM's ``auto`` binding gives every engine of the machine the same cores, so two workers' engines would
-    share one core of two while the other idles."""
+    """On a worker of ``pytest -n N`` (pytest-xdist, ``PYTEST_XDIST_WORKER=gw<i>``) with a core per worker, give the
+    worker's own torch and everything it starts :data:`CORES` OpenMP threads (``OMP_NUM_THREADS``), and bind the
+    OpenMP threads of the vLLM engines its tests start to core ``i`` (``VLLM_CPU_OMP_THREADS_BIND``, unless set):
+    vLLM's ``auto`` binding gives every engine of the machine the same cores, so two workers' engines would share
+    one core of two while the other idles."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     cores = sorted(os.sched_getaffinity(0))
-    if worker.startswith("gw") and 1 < count <= len(cores):
+    if worker.startswith("gw") and 1 < WORKERS <= len(cores):
+        os.environ["OMP_NUM_THREADS"] = str(CORES)
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(worker[2:]) % len(cores)]))
+
+
+#: Seconds each end-to-end module took on CI (2 cores, one module at a time, fixtures it built first included), for
+#: the order in which ``--dist loadfile`` hands modules out; a module not listed counts 60 s. A wrong value costs
+#: balance between the workers, never a result.
+MODULE_SECONDS = {
+    "test_faults.py": 841,
+    "test_stream.py": 654,
+    "test_pipeline.py": 629,
+    "test_draft_training.py": 576,
+    "test_slurm.py": 379,
+    "test_architectures.py": 341,
+    "test_serve.py": 233,
+    "test_smollm2.py": 179,
+    "test_extract_vllm.py": 164,
+    "test_chat_data.py": 120,
+}
+
+
+#: The builds made once per test run (:func:`once`) and, for each, what else it is made from.
+ONCE_BUILDS = {"built": {"built"}, "benched": {"built", "benched"}}
+
+
+def once_builds_of(module: Path) -> set[str]:
+    """The builds of :data:`ONCE_BUILDS` a test module's tests or fixtures take as arguments (read from its text)."""
+    names = set()
+    for args in re.findall(r"^\s*def \w+\(([^)]*)\)", module.read_text(), flags=re.M):
+        for name in set(re.findall(r"\w+", args)) & ONCE_BUILDS.keys():
+            names |= ONCE_BUILDS[name]
+    return names
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadfile``, hand each idle worker the longest module left (:data:`MODULE_SECONDS`; the
+    longest-processing-time rule) and only when it starts its module's last test, instead of the modules in file
+    order, two ahead; and, while a build made once per run (:func:`once`) that a module needs is being made by
+    another worker, a module that does not need it where one is left (rather than a worker waiting minutes on the
+    build's lock)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    root = config._tmp_path_factory.getbasetemp()  # the workers' basetemps are its folders (once()'s root)
+
+    class LongestModuleFirst(LoadFileScheduling):
+        def __init__(self, config, log=None) -> None:
+            super().__init__(config, log)
+            self.asked: set[str] = set()  # the builds the modules given out so far need
+
+        def _assign_work_unit(self, node) -> None:
+            needs = {scope: once_builds_of(config.rootpath / scope) for scope in self.workqueue}
+            pending = {name for name in self.asked if not (root / f"{name}.done").is_file()}
+            free = [scope for scope in self.workqueue if not needs[scope] & pending] or list(self.workqueue)
+            longest = max(free, key=lambda scope: MODULE_SECONDS.get(Path(scope).name, 60))
+            self.asked |= needs[longest]
+            self.workqueue.move_to_end(longest, last=False)
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+            elif self._pending_of(self.assigned_work[node]) <= 1:  # a worker runs a test once it has the next
+                self._assign_work_unit(node)
+
+    return LongestModuleFirst(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

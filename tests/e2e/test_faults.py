@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import CORES
 from helpers.workflow import (
     copy_build,
     copy_workflow,
@@ -76,7 +77,7 @@ class Run:
         self.started_ns = time.time_ns()
         self.out = open(log, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "snakemake", "--cores", "2", TARGET, *args],
+            [sys.executable, "-m", "snakemake", "--cores", str(CORES), TARGET, *args],
             cwd=work,
             stdout=self.out,
             stderr=subprocess.STDOUT,

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import CORES
 from helpers.workflow import copy_build, planned_jobs, snakemake, variant
 
 from draftpipe.bench.serve import port_listening, session_processes
@@ -94,7 +95,7 @@ def test_a_failed_or_terminated_served_benchmark_leaves_nothing(served, tmp_path
     log.unlink()
     cfg = variant(work, "again", lambda c: c["bench"].update(serve=SERVE))
     smk = subprocess.Popen(
-        [sys.executable, "-m", "snakemake", "--cores", "2", "results/bench/serve.json", "--configfile", cfg],
+        [sys.executable, "-m", "snakemake", "--cores", str(CORES), "results/bench/serve.json", "--configfile", cfg],
         cwd=work,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

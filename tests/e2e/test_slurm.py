@@ -64,12 +64,14 @@ def test_pipeline_runs_through_slurm(cluster, tmp_path):
 
     # GPU stages ask for one (fake) GPU each, so the scheduler must bind a device per job.
     # The draft trains with 2 ranks on 2 GPUs (torchrun inside the job; gloo on this CPU machine), the global batch
-    # 2 packed batches per step.
+    # 2 packed batches per step. What is tested is the scheduling, so the data is small: 2 answers of at most 64
+    # tokens per prompt (most end at the limit: the truncation gate is off), one epoch; every job still runs.
     def slurm_gpus(c):
         for stage in ("completions", "hidden_states"):
             c["resources"][stage]["gpus"] = 1
         c["resources"]["draft"]["gpus"] = 2
-        c["draft"]["batches_per_step"] = 2
+        c["draft"].update(batches_per_step=2, epochs=1)
+        c["completions"].update(samples_per_prompt=2, max_tokens=64, max_truncated_fraction=1.0)
 
     cfg = variant(work, "slurm_gpus", slurm_gpus)
     comp = cluster / "log" / "jobcomp.txt"

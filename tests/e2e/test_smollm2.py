@@ -15,7 +15,7 @@ import os
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import CORES, REPO
 from helpers.workflow import copy_workflow, snakemake
 
 GGUF = REPO / ".models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,7 +51,7 @@ def oracle():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(CORES)
     tok = AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
     model = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name).eval()
     return tok, model

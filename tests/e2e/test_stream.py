@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import CORES
 from helpers.workflow import copy_build, planned_jobs, snakemake, stream_figures, variant
 
 from draftpipe.core.io import sha256_file
@@ -132,7 +133,7 @@ def test_a_streamed_job_killed_mid_epoch_resumes_to_the_uninterrupted_bytes(stre
     )
     log = open(tmp_path / "killed.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "snakemake", "--cores", "2", TARGET, "--configfile", cfg],
+        [sys.executable, "-m", "snakemake", "--cores", str(CORES), TARGET, "--configfile", cfg],
         cwd=work,
         stdout=log,
         stderr=subprocess.STDOUT,

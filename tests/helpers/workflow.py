@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from conftest import REPO
+from conftest import CORES, REPO
 
 WORKFLOW_FILES = ("Snakefile", "config.yaml", "rules", "scripts", "profiles", "configs", "draftpipe", "envs")
 
@@ -49,7 +49,7 @@ def small_extraction_calls(workdir: Path, tokens: int = 256) -> None:
 
 
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", *args]
+    cmd = [sys.executable, "-m", "snakemake", "--cores", str(CORES), *args]
     proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
