@@ -6,11 +6,11 @@ import sys
 from pathlib import Path
 
 from draftpipe.core.gpus import slurm_resources
-from draftpipe.core.layout import STORE, shard_ids
+from draftpipe.core.layout import ARTIFACT_STAT_CACHE, STORE, shard_ids
 from draftpipe.bench.serve import serve_settings
 from draftpipe.formats.chat import template_file_hash
 from draftpipe.formats.verifier import VerifierNotFoundError
-from draftpipe.runtime.integrity import repaired_pending
+from draftpipe.runtime.integrity import damaged_artifacts, repaired_pending
 from draftpipe.runtime.store import code_digest, stored_already
 from draftpipe.workflow.config import ConfigError, check_config
 from draftpipe.workflow.identity import published_verifier, report_title, verifier_hub_id, verifier_identity
@@ -196,13 +196,26 @@ for _path, _dependents in REPAIRED.items():
     print(f"draftpipe: {_path} was quarantined by --repair; rebuilding it and {', '.join(_dependents)}", file=sys.stderr)
 
 
+@functools.cache
+def damaged():
+    """Artifacts whose bytes are not those their manifests record (only files whose stat changed are read), each
+    named with a line, when the main process builds its DAG (where Snakemake's settings are known)."""
+    found = damaged_artifacts("results", ARTIFACT_STAT_CACHE)
+    for path, reason in found.items():
+        print(f"draftpipe: {path} is damaged ({reason}); rebuilding it and what is built from it", file=sys.stderr)
+    return found
+
+
 def force_repaired():
-    """Add :data:`REPAIRED` to the files the DAG being built forces (as `--forcerun` would), once, in the main
-    process: the workflow is parsed before Snakemake knows its settings, and the DAG asks the input functions for
-    their files before it decides what runs."""
+    """Add :data:`REPAIRED` and the damaged artifacts (:func:`damaged`) to the files the DAG being built forces (as
+    `--forcerun` would), once, in the main process: the workflow is parsed before Snakemake knows its settings, and
+    the DAG asks the input functions for their files before it decides what runs."""
     dag = getattr(workflow, "dag", None)
-    if REPAIRED and dag is not None and not REPAIRED.keys() <= dag.forcefiles:
-        dag.forcefiles.update(REPAIRED)
+    if dag is None or not workflow.is_main_process:
+        return
+    forced = {**REPAIRED, **damaged()}
+    if forced and not forced.keys() <= dag.forcefiles:
+        dag.forcefiles.update(forced)
 
 
 if workflow.is_main_process:

@@ -15,6 +15,7 @@ rule prompt_shard:
         "results/logs/prompts/{part}.log",
     benchmark:
         "results/benchmarks/prompts/{part}.tsv"
+    priority: 30  # every part before the completions: their first job then answers every shard with one load
     threads: 1
     conda:
         ML_ENV

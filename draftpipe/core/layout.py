@@ -29,6 +29,9 @@ SHARD_HEADER_CACHE = f"{CACHE_DIR}/shard_headers.json"
 SHARD_VALUE_CACHE = f"{CACHE_DIR}/shard_values.json"
 #: shards that the draft job's hidden-state gate read, with its result (:func:`draftpipe.stages.draft.state_gate.check_hidden_states`)
 SHARD_STATES_CACHE = f"{CACHE_DIR}/shard_states.json"
+#: the stat of artifacts the run's damage check found as their manifests record them
+#: (:func:`draftpipe.runtime.integrity.damaged_artifacts`)
+ARTIFACT_STAT_CACHE = f"{CACHE_DIR}/artifact_stats.json"
 #: torch.compile's and Triton's caches of the draft job (:mod:`draftpipe.stages.draft.compile_cache`)
 COMPILE_CACHE = f"{CACHE_DIR}/torch-compile"
 

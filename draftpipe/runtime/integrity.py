@@ -5,7 +5,8 @@ kept out of training.
 whose bytes no longer match (``CORRUPT``), artifacts built from inputs that have changed since (``STALE``),
 hidden-state shards that fail :func:`draftpipe.formats.hidden_states.validate_shard` (``CORRUPT``), and artifacts without a
 manifest (``NOTE``). :func:`require_sound_shards` quarantines damaged shards, and the stage-store entries they
-link, before the draft trains on them.
+link, before the draft trains on them. :func:`damaged_artifacts` is what every run asks before it plans: which
+artifacts no longer hold the bytes their manifests record, reading only files whose stat changed.
 
 This is the policy layer above the formats (manifests in :mod:`draftpipe.formats.provenance`, shards in
 :mod:`draftpipe.formats.hidden_states`) and the results layout (:mod:`draftpipe.core.layout`).
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from draftpipe.core.io import load_json, sha256_file
+from draftpipe.core.io import load_json, read_cache, sha256_file, write_cache
 from draftpipe.core.layout import QUARANTINE, STORE
 from draftpipe.formats.hidden_states import ShardError, check_shards_cached, validate_shard
 from draftpipe.formats.provenance import (
@@ -281,3 +282,64 @@ def repaired_pending(results_dir: str | os.PathLike = "results") -> dict[str, li
             if key in moved and finished < moved[key]:
                 pending.setdefault(key, []).append(str(mpath.relative_to(base))[: -len(SUFFIX)])
     return {k: sorted(v) for k, v in sorted(pending.items())}
+
+
+def _stat_sign(st: os.stat_result, sha: str) -> list:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, sha]
+
+
+def damaged_artifacts(results_dir: str | os.PathLike, cache_file: str | os.PathLike | None) -> dict[str, str]:
+    """Artifacts of a results tree whose bytes are not those their manifest records: ``{path: reason}``.
+
+    A file is read only when its stat changed: an artifact whose size, ``mtime_ns``, ``ctime_ns`` and inode are
+    those remembered in ``cache_file`` for its manifest's sha256 (or, the first time it is seen with that manifest,
+    whose size, ``mtime_ns`` and inode are those the manifest records: as its job left it) is taken as unchanged. Any write changes ``ctime``,
+    which no user tool can set back, so a byte changed in place is always read; a copy, a move or a new hard link
+    is read once (and remembered when its bytes are the recorded ones). Directory artifacts, artifacts without a
+    manifest and missing ones are left out (Snakemake or :func:`verify_tree` deal with those).
+
+    Args:
+        results_dir: the results directory (paths are returned joined onto it as given).
+        cache_file: where the stat of each checked artifact is remembered (:func:`draftpipe.core.io.read_cache`);
+            None reads every artifact whose stat differs from its manifest, every time.
+
+    Returns:
+        ``{path: reason}`` sorted by path, the reason one line (``size 1000 != manifest 4096``, ``sha256
+        0123456789ab... != manifest ba9876543210...``, ``manifest <name> unreadable (...)``).
+    """
+    results = Path(results_dir)
+    cache = read_cache(cache_file) if cache_file is not None else {}
+    damaged: dict[str, str] = {}
+    changed = False
+    for art in _walk(results)[0]:
+        mpath = manifest_path(art)
+        if art.is_dir() or not mpath.exists():
+            continue
+        try:
+            st = art.stat()
+        except FileNotFoundError:
+            continue
+        try:
+            rec = load_json(mpath.read_text(encoding="utf-8"))["artifact"]
+            sha, size = rec["sha256"], rec["size"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            damaged[str(art)] = f"manifest {mpath.name} unreadable ({exc})"
+            continue
+        key, hit = str(art), cache.get(str(art))
+        if hit == _stat_sign(st, sha):
+            continue
+        fresh = not isinstance(hit, list) or len(hit) != 5 or hit[4] != sha  # first seen with this manifest
+        if fresh and [st.st_size, st.st_mtime_ns, st.st_ino] == [size, rec.get("mtime_ns"), rec.get("inode")]:
+            cache[key], changed = _stat_sign(st, sha), True  # as its job left it
+            continue
+        if st.st_size != size:
+            damaged[key] = f"size {st.st_size} != manifest {size}"
+            continue
+        got = sha256_file(art)
+        if got != sha:
+            damaged[key] = f"sha256 {_short(got)}... != manifest {_short(sha)}..."
+            continue
+        cache[key], changed = _stat_sign(st, sha), True
+    if changed and cache_file is not None:
+        write_cache(cache_file, cache)
+    return dict(sorted(damaged.items()))

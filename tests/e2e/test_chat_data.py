@@ -15,6 +15,7 @@ from helpers.workflow import copy_build, copy_workflow, planned_jobs, snakemake,
 
 from draftpipe.core.io import read_jsonl
 from draftpipe.formats.chat import tiny_chat_template
+from draftpipe.formats.provenance import file_record, manifest_path
 
 CHAT = REPO / "tests" / "data" / "chat" / "conversations.jsonl"
 COMPLETIONS = "results/completions/train_00000.jsonl"
@@ -174,6 +175,13 @@ def test_rows_of_two_templates_are_refused(work, rows, tmp_path):
     mixed[3]["chat_template_sha256"] = "0" * 64
     path.unlink()  # the output is a hard link to the stage's store entry: leave that intact
     path.write_text("".join(json.dumps(r) + "\n" for r in mixed))
+    # its manifest describes the new bytes, as if a job had written them (else the run would find the file damaged
+    # and rebuild it before the check under test reads it)
+    manifest = json.loads(manifest_path(path).read_text())
+    manifest["artifact"] = {
+        k: v for k, v in file_record(path, reuse_manifest=False).items() if k in manifest["artifact"]
+    }
+    manifest_path(path).write_text(json.dumps(manifest))
     try:
         proc = snakemake(work, "results/completions/stats.json", check=False)
         assert proc.returncode != 0

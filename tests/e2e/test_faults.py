@@ -273,7 +273,8 @@ def test_damage_in_place_is_repaired_to_the_uninterrupted_bytes_and_never_linked
     records); the plain main job plans their rebuild by itself; the printed command computes the shards again
     (their damaged entries are never linked) and copies the draft back from its entry, which damage to the output
     could not reach. Every artifact ends with the bytes of the uninterrupted run, every store entry read-only and
-    matching its record."""
+    matching its record. Then, without verify, a plain run finds a changed draft and shard by itself and rebuilds
+    them to the same bytes."""
     work = tmp_path / "workflow"
     copy_build(built, work)  # hard links kept
     damaged = {
@@ -333,3 +334,21 @@ def test_damage_in_place_is_repaired_to_the_uninterrupted_bytes_and_never_linked
     again = snakemake(work, TARGET, "-n")
     assert "quarantined by --repair" not in again.stdout + again.stderr
     assert "Nothing to be done" in again.stdout + again.stderr
+
+    # Without verify: a plain run finds bytes changed in the draft and in a shard by itself (their stat changed),
+    # names them, and rebuilds them and what is built from them, to the uninterrupted bytes again
+    for rel in ("results/draft/model.safetensors", "results/hidden_states/train_00001.safetensors"):
+        _damage(work / rel, "flip")
+    plan = snakemake(work, TARGET, "-n")
+    lines = sorted(line for line in (plan.stdout + plan.stderr).splitlines() if " is damaged (" in line)
+    assert [re.sub(r"\(sha256 \w+\.\.\. != manifest \w+\.\.\.\)", "(sha256)", x) for x in lines] == [
+        f"draftpipe: {rel} is damaged (sha256); rebuilding it and what is built from it"
+        for rel in ("results/draft/model.safetensors", "results/hidden_states/train_00001.safetensors")
+    ], lines
+    assert planned_jobs(work) == {"hidden_states": 1, "draft": 1}
+    snakemake(work, TARGET)
+    assert "draft: found in the store" in (work / "results/logs/draft.log").read_text()
+    mine = artifacts(work)
+    assert [n for n, p in mine.items() if sha256_file(p) != sha256_file(ref[n])] == []
+    again = snakemake(work, TARGET, "-n")
+    assert " is damaged (" not in again.stdout + again.stderr and "Nothing to be done" in again.stdout + again.stderr

@@ -28,7 +28,7 @@ from draftpipe.formats.provenance import (
     quarantine,
     write_manifests,
 )
-from draftpipe.runtime.integrity import CORRUPT, NOTE, STALE, verify_tree
+from draftpipe.runtime.integrity import CORRUPT, NOTE, STALE, damaged_artifacts, verify_tree
 from draftpipe.runtime.integrity import TreeFinding as Finding
 
 VERIFIER_ID = {"gguf_sha256": "ab" * 32, "head_dim": 32, "max_position_embeddings": 512}
@@ -458,3 +458,55 @@ def test_what_repair_quarantined_is_pending_until_its_dependents_are_rebuilt(tmp
         json.dumps({"finished_at": now_iso(), "inputs": inputs})
     )
     assert repaired_pending(results) == {}
+
+
+def test_a_run_finds_damage_by_itself_reading_only_files_whose_stat_changed(tree, monkeypatch):
+    import draftpipe.runtime.integrity as integrity
+
+    read = []
+    monkeypatch.setattr(integrity, "sha256_file", lambda p: read.append(str(p)) or sha256_file(p))
+    cache = ".snakemake/draftpipe/artifact_stats.json"
+    artifacts = [
+        "results/draft/metrics.csv",
+        "results/hidden_states/train_00000.safetensors",
+        "results/prompts/stats.json",
+        "results/prompts/train_00000.jsonl",
+    ]
+    # as the jobs left them: nothing is read, and their stat is remembered
+    assert damaged_artifacts("results", cache) == {} and read == []
+    assert sorted(json.loads(Path(cache).read_text())) == artifacts
+    assert damaged_artifacts("results", cache) == {} and read == []
+
+    # a byte changed in place, the mtime set back as it was: the ctime says it changed, the hash says how
+    shard = Path("results/hidden_states/train_00000.safetensors")
+    st = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    with open(shard, "r+b") as fh:
+        fh.write(data)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    found = damaged_artifacts("results", cache)
+    assert (
+        list(found) == [str(shard)] and found[str(shard)].startswith("sha256 ") and "!= manifest" in found[str(shard)]
+    )
+    assert read == [str(shard)]
+
+    # a copy of the same bytes (new inode and ctime) is read once, then remembered
+    read.clear()
+    stats = Path("results/prompts/stats.json")
+    shutil.copy2(stats, "stats.copy")
+    os.replace("stats.copy", stats)
+    assert damaged_artifacts("results", cache) == {str(shard): found[str(shard)]}
+    assert read == [str(shard), str(stats)]
+    read.clear()
+    damaged_artifacts("results", cache)
+    assert read == [str(shard)]  # the damaged shard is read at every run until it is rebuilt
+
+    # a size change needs no read; a manifest that cannot be read is damage too
+    with open("results/draft/metrics.csv", "a") as fh:
+        fh.write("3,1.0\n")
+    Path("results/prompts/train_00000.jsonl.manifest.json").write_text("{not json")
+    found = damaged_artifacts("results", cache)
+    assert found["results/draft/metrics.csv"] == "size 28 != manifest 22"
+    assert found["results/prompts/train_00000.jsonl"].startswith("manifest train_00000.jsonl.manifest.json unreadable")
+    assert sorted(found) == sorted(["results/draft/metrics.csv", str(shard), "results/prompts/train_00000.jsonl"])
