@@ -40,7 +40,7 @@ def command_help(name: str, target: str) -> str:
             os.environ.pop("COLUMNS")
         else:
             os.environ["COLUMNS"] = columns
-    return out.getvalue().replace(argv0, name)
+    return out.getvalue()
 
 
 def render_cli_reference() -> str:

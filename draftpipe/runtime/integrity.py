@@ -293,9 +293,9 @@ def damaged_artifacts(results_dir: str | os.PathLike, cache_file: str | os.PathL
 
     A file is read only when its stat changed: an artifact whose size, ``mtime_ns``, ``ctime_ns`` and inode are
     those remembered in ``cache_file`` for its manifest's sha256 (or, the first time it is seen with that manifest,
-    whose size, ``mtime_ns`` and inode are those the manifest records: as its job left it) is taken as unchanged. Any write changes ``ctime``,
-    which no user tool can set back, so a byte changed in place is always read; a copy, a move or a new hard link
-    is read once (and remembered when its bytes are the recorded ones). Directory artifacts, artifacts without a
+    whose size, ``mtime_ns`` and inode are those the manifest records: as its job left it) is taken as unchanged.
+    Any write changes ``ctime``, which no user tool can set back, so a byte changed in place is always read; a
+    copy, a move or a new hard link is read once (and remembered when its bytes are the recorded ones). Directory artifacts, artifacts without a
     manifest and missing ones are left out (Snakemake or :func:`verify_tree` deal with those).
 
     Args:

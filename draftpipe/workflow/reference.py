@@ -1,5 +1,5 @@
 """The configuration reference of the documentation, generated from ``config.schema.yaml`` (the one source of every
-key's type, default and meaning) when the site builds (``docs/hooks/reference.py``): never written by hand."""
+key's type, default and meaning) when the site builds (``docs/hooks/generated.py``): never written by hand."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-SCHEMA = Path(__file__).with_name("config.schema.yaml")
+from draftpipe.workflow.config import SCHEMA
 
 
 def load_schema(path: str | Path = SCHEMA) -> dict:
