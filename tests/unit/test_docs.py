@@ -38,6 +38,9 @@ def test_the_readme_is_short_and_the_site_takes_its_quick_start_from_it():
     quick = readme[readme.index("--8<-- [start:quickstart]") : readme.index("--8<-- [end:quickstart]")]
     assert "bash envs/setup.sh && .venv/bin/snakemake results/draft/model.safetensors --cores all" in quick
     assert "bash envs/setup.sh smollm2 trackers && .venv/bin/python -m pytest -q tests" in quick
+    # the test command is what CI runs, word for word (CI adds its pytest options through PYTEST_ADDOPTS)
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert "bash envs/setup.sh smollm2 trackers && .venv/bin/python -m pytest -q tests" in ci
     for link in re.findall(r"\]\(([^)#:]+)\)", readme):  # relative links resolve in the repository
         assert (REPO / link).exists(), link
 
@@ -54,3 +57,19 @@ def test_every_page_is_in_the_navigation_and_every_nav_entry_exists():
     written = {str(p.relative_to(REPO / "docs")) for p in (REPO / "docs").rglob("*.md")}
     generated = {"reference/config.md", "reference/cli.md", "changelog.md"}  # docs/hooks/generated.py
     assert nav == written | generated
+
+
+def test_the_site_loads_nothing_from_the_network():
+    """Opened from ``site/index.html`` with no network, the site's search runs through the iframe-worker shim shipped
+    in ``docs/assets`` (the offline plugin would load it from unpkg.com; without it the search stays at
+    "Initializing search" in a browser, which refuses web workers from ``file://``), and the theme asks Google Fonts
+    for nothing."""
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    assert "offline" in config["plugins"]
+    shims = [p for p in config["extra"]["polyfills"] if "iframe-worker" in p]
+    assert shims and not any(p.startswith(("http:", "https:", "//")) for p in shims)
+    for shim in shims:
+        text = (REPO / "docs" / shim).read_text()
+        assert "postMessage" in text and "importScripts" in text  # the shim, not a placeholder
+    assert (REPO / "docs" / "assets" / "iframe-worker" / "LICENSE").read_text().startswith("Copyright")
+    assert config["theme"]["font"] is False
