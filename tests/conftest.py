@@ -43,25 +43,36 @@ def pytest_configure(config):
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(worker[2:]) % len(cores)]))
 
 
-#: Seconds each end-to-end module took on CI (2 cores, one module at a time, fixtures it built first included), for
-#: the order in which ``--dist loadfile`` hands modules out; a module not listed counts 60 s. A wrong value costs
-#: balance between the workers, never a result.
+#: Seconds each module took on CI (2 cores, fixtures it built first included), for the order in which ``--dist
+#: loadfile`` hands modules out; a module not listed counts 60 s (end-to-end) or 5 s (unit: they fill the workers'
+#: last minutes). A wrong value costs balance between the workers, never a result.
 MODULE_SECONDS = {
-    "test_faults.py": 841,
-    "test_stream.py": 654,
-    "test_pipeline.py": 629,
-    "test_draft_training.py": 576,
-    "test_slurm.py": 379,
-    "test_architectures.py": 341,
-    "test_serve.py": 233,
-    "test_smollm2.py": 179,
-    "test_extract_vllm.py": 164,
-    "test_chat_data.py": 120,
+    "e2e/test_faults.py": 841,
+    "e2e/test_pipeline.py": 629,
+    "e2e/test_draft_training.py": 576,
+    "e2e/test_stream.py": 380,
+    "e2e/test_slurm.py": 379,
+    "e2e/test_architectures.py": 341,
+    "e2e/test_serve.py": 233,
+    "e2e/test_smollm2.py": 179,
+    "e2e/test_extract_vllm.py": 164,
+    "e2e/test_chat_data.py": 120,
+    "unit/test_layers.py": 70,
+    "unit/test_loss.py": 65,
+    "unit/test_io.py": 40,
+    "unit/test_hub_sources.py": 30,
+    "unit/test_tokenizer_gate.py": 16,
 }
 
 
+def module_seconds(scope: str) -> int:
+    """:data:`MODULE_SECONDS` of a module given by its path (``tests/<folder>/<file>``)."""
+    key = "/".join(Path(scope).parts[-2:])
+    return MODULE_SECONDS.get(key, 5 if key.startswith("unit/") else 60)
+
+
 #: The builds made once per test run (:func:`once`) and, for each, what else it is made from.
-ONCE_BUILDS = {"built": {"built"}, "benched": {"built", "benched"}}
+ONCE_BUILDS = {"built": {"built"}, "benched": {"built", "benched"}, "one_epoch": {"built", "one_epoch"}}
 
 
 def once_builds_of(module: Path) -> set[str]:
@@ -95,7 +106,7 @@ def pytest_xdist_make_scheduler(config, log):
             needs = {scope: once_builds_of(config.rootpath / scope) for scope in self.workqueue}
             pending = {name for name in self.asked if not (root / f"{name}.done").is_file()}
             free = [scope for scope in self.workqueue if not needs[scope] & pending] or list(self.workqueue)
-            longest = max(free, key=lambda scope: MODULE_SECONDS.get(Path(scope).name, 60))
+            longest = max(free, key=module_seconds)
             self.asked |= needs[longest]
             self.workqueue.move_to_end(longest, last=False)
             super()._assign_work_unit(node)
@@ -198,6 +209,24 @@ def benched(built, tmp_path_factory) -> Path:
         return work
 
     return once(tmp_path_factory, "benched", bench)
+
+
+@pytest.fixture(scope="session")
+def one_epoch(built, tmp_path_factory) -> Path:
+    """A copy of the session build whose draft is trained again for one epoch (``draft.epochs: 1``,
+    :func:`helpers.workflow.one_epoch`; the shards and every other artifact are the session build's), made once per
+    run: the reference of the tests that train a draft again in a way that must give its bytes (a kill and a
+    resume) or its values (the streamed hidden states), for a quarter of the four epochs' training."""
+    from helpers.workflow import copy_build, one_epoch_config, planned_jobs, snakemake
+
+    def train(folder: Path) -> Path:
+        work = copy_build(built, folder / "wf")
+        cfg = one_epoch_config(work)
+        assert planned_jobs(work, "--configfile", cfg) == {"draft": 1}  # nothing upstream reruns
+        snakemake(work, "results/draft/model.safetensors", "--configfile", cfg)
+        return work
+
+    return once(tmp_path_factory, "one_epoch", train)
 
 
 TINY_CONFIGS = REPO / "tests" / "data" / "verifiers"

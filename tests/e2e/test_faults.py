@@ -9,12 +9,14 @@ killed yet is part-way:
   (``draftpipe/runtime/store.py``) and another still to do (for completions, the second shard's job is loading its own
   engine, ``resources.completions.share_engine`` false; for hidden states, the vLLM engine is extracting the second
   shard in calls of 256 tokens, ``resources.hidden_states.batch_tokens``, as in the ``built`` run);
-- ``draft``: training runs and its first epoch checkpoint is complete.
+- ``draft``: training runs and its first checkpoint is complete (one epoch, ``draft.epochs: 1``, with 4 checkpoints,
+  ``resources.draft.checkpoints_per_epoch``: the kill lands part-way through the epoch).
 
 A SIGKILLed Snakemake leaves its lock behind, so each rerun is ``--unlock`` then ``--rerun-incomplete``; reruns go
 on until every stage has been killed once, then one runs to the end. The finished tree must hold no temporary file,
 the draft must have resumed from its checkpoint, shards finished before a kill must not have been computed again,
-and every artifact must have the bytes of the uninterrupted run (the ``built`` fixture).
+and every artifact must have the bytes of the uninterrupted run (the ``one_epoch`` fixture: the session build, its
+draft trained for one epoch).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from conftest import CORES
 from helpers.workflow import (
     copy_build,
     copy_workflow,
+    one_epoch_config,
     planned_jobs,
     set_resources,
     small_extraction_calls,
@@ -189,7 +192,7 @@ def artifacts(work: Path) -> dict[str, Path]:
     }
 
 
-def test_a_kill_in_every_stage_ends_in_the_uninterrupted_artifacts(built, tmp_path, runs):
+def test_a_kill_in_every_stage_ends_in_the_uninterrupted_artifacts(one_epoch, tmp_path, runs):
     work = copy_workflow(tmp_path / "workflow").resolve()
     # small vLLM calls for hidden states, as in the `built` run: they stretch the time between the stage's first
     # and last finished shard, where the kill lands
@@ -199,8 +202,10 @@ def test_a_kill_in_every_stage_ends_in_the_uninterrupted_artifacts(built, tmp_pa
     # the second shard's generation alone, about a second on this tiny verifier, too short to land a kill in on a
     # loaded machine
     set_resources(work, "completions", share_engine=False)
+    # the draft of the reference, one epoch, with checkpoints part-way through it (which shape nothing)
+    cfg = one_epoch_config(work, "kill", lambda c: c["resources"]["draft"].update(checkpoints_per_epoch=4))
     todo, kills, finished = set(STAGES), [], {}
-    run = Run(work, tmp_path / "run1.log")
+    run = Run(work, tmp_path / "run1.log", "--configfile", cfg)
     while todo:
         seen: dict[str, set[int]] = {}
         while not (hit := part_way(work, run, todo, seen)):
@@ -223,7 +228,7 @@ def test_a_kill_in_every_stage_ends_in_the_uninterrupted_artifacts(built, tmp_pa
             refused = snakemake(work, TARGET, check=False)
             assert refused.returncode != 0 and "LockException" in refused.stdout + refused.stderr
         snakemake(work, "--unlock")
-        run = Run(work, tmp_path / f"run{len(kills) + 1}.log", "--rerun-incomplete")
+        run = Run(work, tmp_path / f"run{len(kills) + 1}.log", "--configfile", cfg, "--rerun-incomplete")
     assert run.proc.wait() == 0, run.tail()
     print(f"killed part-way, in order: {kills}")
 
@@ -235,10 +240,11 @@ def test_a_kill_in_every_stage_ends_in_the_uninterrupted_artifacts(built, tmp_pa
     assert [str(p) for p in (work / "results").rglob("*") if TEMPORARY.search(p.name)] == []
     # the draft resumed from the checkpoint it was killed after
     draft_log = (work / "results/logs/draft.log").read_text()
-    assert f"resuming from epoch {ckpt[0]} checkpoint {ckpt[1].relative_to(work)}" in draft_log, draft_log[-3000:]
+    resumed = rf"resuming from epoch {ckpt[0]}( step \d+)? checkpoint {re.escape(str(ckpt[1].relative_to(work)))} "
+    assert re.search(resumed, draft_log), draft_log[-3000:]
     assert "epochs from the start" not in draft_log
     # every artifact has the bytes of the uninterrupted run
-    mine, ref = artifacts(work), artifacts(built)
+    mine, ref = artifacts(work), artifacts(one_epoch)
     assert sorted(mine) == sorted(ref) and len(mine) >= 14
     assert [n for n, p in mine.items() if sha256_file(p) != sha256_file(ref[n])] == []
     # and the provenance manifests describe the finished tree

@@ -1,13 +1,14 @@
 """``hidden_states.storage: stream`` on the embedded default: the draft job extracts the hidden states from vLLM as
 it trains, within a disk budget, and writes no shard.
 
-One streamed draft (a copy of the session build, whose draft was trained from shards) is compared with the disk
-draft: vLLM's states of a sequence depend on the batch it is computed in at the last bit (the disk mode extracted
-256 tokens per engine call, the stream one training step per call), so the drafts are equal within that rounding:
-every tensor within 1e-3 relative (Frobenius norm) and the same validation loss within 1e-3 relative. The spool,
-measured by the test while the job runs, stays below a budget of a quarter of the shards' bytes. A streamed job
-SIGKILLed after a mid-epoch checkpoint, then rerun, ends with the uninterrupted streamed draft's bytes: each step is
-extracted in one engine call without a prefix cache, so a re-extracted step is the same bytes.
+One streamed draft of one epoch (a copy of the session's one-epoch reference, whose draft was trained from the
+shards, the ``one_epoch`` fixture) is compared with that disk draft: vLLM's states of a sequence depend on the batch
+it is computed in at the last bit (the disk mode extracted 256 tokens per engine call, the stream one training step
+per call), so the drafts are equal within that rounding: every tensor within 1e-3 relative (Frobenius norm) and the
+same validation loss within 1e-3 relative. The spool, measured by the test while the job runs, stays below a budget
+of a quarter of the shards' bytes. A streamed job SIGKILLed after a mid-epoch checkpoint, then rerun, ends with the
+uninterrupted streamed draft's bytes: each step is extracted in one engine call without a prefix cache, so a
+re-extracted step is the same bytes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import CORES
-from helpers.workflow import copy_build, planned_jobs, snakemake, stream_figures, variant
+from helpers.workflow import copy_build, one_epoch_config, planned_jobs, snakemake, stream_figures
 
 from draftpipe.core.io import sha256_file
 from draftpipe.core.layout import STORE
@@ -55,15 +56,15 @@ class SpoolWatch(threading.Thread):
             time.sleep(0.01)
 
 
-def _stream_config(work: Path) -> str:
-    return variant(work, "stream", lambda c: c["hidden_states"].update(storage="stream", disk_budget=BUDGET))
+def _stream(cfg: dict) -> None:
+    cfg["hidden_states"].update(storage="stream", disk_budget=BUDGET)
 
 
 @pytest.fixture(scope="module")
-def streamed(built, tmp_path_factory):
-    """The session build's draft trained again with the hidden states streamed: the copy and its config."""
-    work = copy_build(built, tmp_path_factory.mktemp("stream") / "wf")
-    cfg = _stream_config(work)
+def streamed(one_epoch, tmp_path_factory):
+    """The one-epoch reference's draft trained again with the hidden states streamed: the copy and its config."""
+    work = copy_build(one_epoch, tmp_path_factory.mktemp("stream") / "wf")
+    cfg = one_epoch_config(work, "stream", _stream)
     assert planned_jobs(work, "--configfile", cfg) == {"draft": 1}  # nothing upstream reruns
     shards_before = {p.name: sha256_file(p) for p in (work / "results/hidden_states").glob("*.safetensors")}
     watch = SpoolWatch(work)
@@ -77,11 +78,11 @@ def streamed(built, tmp_path_factory):
     return work, cfg, watch
 
 
-def test_a_streamed_draft_is_the_disk_draft_within_vllm_s_rounding(built, streamed):
+def test_a_streamed_draft_is_the_disk_draft_within_vllm_s_rounding(one_epoch, streamed):
     from safetensors.torch import load_file
 
     work, _, watch = streamed
-    shard_bytes = sum(p.stat().st_size for p in (built / "results/hidden_states").glob("*.safetensors"))
+    shard_bytes = sum(p.stat().st_size for p in (one_epoch / "results/hidden_states").glob("*.safetensors"))
     assert BUDGET <= shard_bytes / 4
     figures = stream_figures((work / "results/logs/draft.log").read_text())
     print(f"stream: {figures}; spool peak seen by the test {watch.peak:,} bytes in {watch.samples} samples")
@@ -89,14 +90,14 @@ def test_a_streamed_draft_is_the_disk_draft_within_vllm_s_rounding(built, stream
     assert watch.samples > 100 and 0 < watch.peak <= BUDGET
     assert not list((work / "results/draft/.train").glob("*.spool"))  # the spool is gone with the job
 
-    disk = load_file(str(built / TARGET))
+    disk = load_file(str(one_epoch / TARGET))
     stream = load_file(str(work / TARGET))
     assert disk.keys() == stream.keys()
     for name in disk:
         a, b = stream[name].float(), disk[name].float()
         rel = float((a - b).norm() / b.norm().clamp_min(1e-12))
         assert rel <= 1e-3, (name, rel)
-    val = [pd.read_csv(w / "results/draft/metrics.csv")["val_loss"].iloc[-1] for w in (work, built)]
+    val = [pd.read_csv(w / "results/draft/metrics.csv")["val_loss"].iloc[-1] for w in (work, one_epoch)]
     assert abs(val[0] - val[1]) <= 1e-3 * abs(val[1]), val
 
 
@@ -108,11 +109,7 @@ def test_in_a_stream_aux_ids_and_dtype_rerun_only_the_draft(streamed):
         ("dtype", lambda c: c["hidden_states"].update(dtype="float16")),
         ("budget", lambda c: c["hidden_states"].update(disk_budget="4MiB")),  # shapes nothing
     ):
-        changed = variant(
-            work,
-            f"stream-{name}",
-            lambda c, change=change: (c["hidden_states"].update(storage="stream", disk_budget=BUDGET), change(c)),
-        )
+        changed = one_epoch_config(work, f"stream-{name}", lambda c, change=change: (_stream(c), change(c)))
         assert planned_jobs(work, "--configfile", changed) == ({} if name == "budget" else {"draft": 1}), name
 
 
@@ -123,13 +120,10 @@ def test_a_streamed_job_killed_mid_epoch_resumes_to_the_uninterrupted_bytes(stre
     for name in ("model.safetensors", "config.json", "metrics.csv"):
         (work / "results/draft" / name).unlink()
     shutil.rmtree(work / "results" / STORE / "draft")
-    cfg = variant(
+    cfg = one_epoch_config(
         work,
         "stream-checkpoints",
-        lambda c: (
-            c["hidden_states"].update(storage="stream", disk_budget=BUDGET),
-            c["resources"]["draft"].update(checkpoints_per_epoch=4),  # shapes nothing: the same draft
-        ),
+        lambda c: (_stream(c), c["resources"]["draft"].update(checkpoints_per_epoch=4)),  # shapes nothing
     )
     log = open(tmp_path / "killed.log", "w")
     proc = subprocess.Popen(

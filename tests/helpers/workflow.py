@@ -97,6 +97,23 @@ def variant(workdir: Path, name: str, change) -> str:
     return str(path)
 
 
+def one_epoch(cfg: dict) -> None:
+    """A config change: the draft trains one epoch (``draft.epochs: 1``; the default trains four)."""
+    cfg["draft"]["epochs"] = 1
+
+
+def one_epoch_config(workdir: Path, name: str = "one-epoch", change=None) -> str:
+    """:func:`variant` ``name`` of the copy's config with :func:`one_epoch`, then ``change(cfg)`` if given: the
+    config of the session's one-epoch reference (the ``one_epoch`` fixture) and of the runs compared with it."""
+
+    def both(cfg):
+        one_epoch(cfg)
+        if change is not None:
+            change(cfg)
+
+    return variant(workdir, name, both)
+
+
 def stream_figures(log: str) -> dict[str, int]:
     """The streamed draft's figures from its job log (``draftpipe.stages.draft.training.stream_line``): ``steps``,
     ``tokens`` extracted, the spool's ``peak`` bytes and the ``budget``."""
