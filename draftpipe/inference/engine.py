@@ -64,12 +64,13 @@ def engine_in_process(kwargs: dict) -> bool:
     against 1,879 tokens/s, with the same bytes (per-request seeds). A tensor-parallel CPU engine keeps
     vLLM's processes.
 
-    The completions engine (:func:`open_engine`), the speculative-decoding check's two engines (the compatibility
-    report's live check, ``draftpipe-spec-decode``: 28 s against 102 s on one core for the embedded default, the
-    same tokens and acceptance) and the offline benchmark's run in process. The hidden-state engine does not: its
-    KV connector (:mod:`draftpipe.inference.connector`) stalled after its last sequence there. Nor do the
-    benchmark's greedy answerer of earlier turns (the served benchmark's job starts ``vllm serve`` after it, which
-    would inherit the variable) and ``vllm serve`` itself. An engine core started in a process caches vLLM's
+    The completions engine (:func:`open_engine`), the hidden-state engine (:func:`draftpipe.stages.extract.
+    open_extractor`, whose reader steps the engine until the connector has written each file,
+    :func:`draftpipe.stages.extract.flush_saves`: the same shard bytes), the speculative-decoding check's two engines
+    (the compatibility report's live check, ``draftpipe-spec-decode``: 28 s against 102 s on one core for the
+    embedded default, the same tokens and acceptance) and the offline benchmark's run in process. The benchmark's
+    greedy answerer of earlier turns does not (the served benchmark's job starts ``vllm serve`` after it, which would
+    inherit the variable), nor does ``vllm serve`` itself. An engine core started in a process caches vLLM's
     environment for the rest of it (``enable_envs_cache`` in ``vllm/v1/engine/core.py``), so a later engine in the
     same process inherits the setting.
     """

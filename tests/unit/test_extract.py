@@ -33,3 +33,20 @@ def test_kv_transfer_config_names_the_package_connector(tmp_path):
     assert cfg["kv_connector"] == "DraftpipeHiddenStatesConnector"
     assert cfg["kv_connector_module_path"] == "draftpipe.inference.connector"
     assert cfg["kv_connector_extra_config"] == {"shared_storage_path": str(tmp_path), "allow_custom_save_path": True}
+
+
+def test_a_request_file_is_waited_for_while_the_connector_holds_its_lock(tmp_path):
+    """The connector holds ``<file>.lock`` exclusively from the request's arrival until its file is written; an
+    in-process engine must be stepped until then (:func:`flush_saves`), so the lock is tested without waiting."""
+    import fcntl
+    import os
+
+    from draftpipe.stages.extract import _lock_held
+
+    path = str(tmp_path / "00000000.safetensors")
+    assert not _lock_held(path)  # no lock file: nothing to wait for
+    fd = os.open(path + ".lock", os.O_CREAT | os.O_WRONLY, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    assert _lock_held(path)  # the writer's lock, from another open file description of this process too
+    os.close(fd)
+    assert not _lock_held(path)

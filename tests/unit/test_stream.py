@@ -1,6 +1,6 @@
 """Streamed hidden states (``hidden_states.storage: stream``): sizes and the config check, the plan of units the
 trainer reads, the spool's budget and order, and the plan's two storages. The end-to-end run with vLLM is in
-``tests/e2e/test_stream.py``."""
+``tests/e2e/test_streaming.py``."""
 
 from __future__ import annotations
 

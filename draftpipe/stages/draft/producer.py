@@ -41,7 +41,7 @@ from draftpipe.stages.draft.stream import (
     spool_bytes,
     wait_written,
 )
-from draftpipe.stages.extract import ExtractionError, open_extractor
+from draftpipe.stages.extract import ExtractionError, flush_saves, open_extractor
 
 
 def wait_for_room(spool: Path, need: int, budget: int) -> int:
@@ -106,6 +106,7 @@ def produce(spool: str | Path) -> dict:
             llm.generate([{"prompt_token_ids": sequences[g]}], [param], use_tqdm=False)[0]
             for g, param in zip(unit, params)
         ]
+        flush_saves(llm, paths)  # an engine in this process writes a finished request's file at its next step
         for g, path, out in zip(unit, paths, outputs):
             got = (out.kv_transfer_params or {}).get("hidden_states_path")
             if got != path:
