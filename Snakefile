@@ -54,4 +54,5 @@ rule all:
 
 
 onstart:
+    forward_stops()  # SIGINT/SIGTERM to Snakemake end its jobs too (draftpipe/runtime/stops.py)
     check_disk_before_start()

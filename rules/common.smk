@@ -6,11 +6,12 @@ import sys
 from pathlib import Path
 
 from draftpipe.core.gpus import slurm_resources
-from draftpipe.core.layout import ARTIFACT_STAT_CACHE, STORE, shard_ids
+from draftpipe.core.layout import ARTIFACT_STAT_CACHE, DAMAGE_RECORD, STORE, shard_ids
 from draftpipe.bench.serve import serve_settings
 from draftpipe.formats.chat import template_file_hash
 from draftpipe.formats.verifier import VerifierNotFoundError
-from draftpipe.runtime.integrity import damaged_artifacts, repaired_pending
+from draftpipe.runtime.integrity import damaged_artifacts, repaired_pending, unrebuilt_damaged
+from draftpipe.runtime.stops import forward_stops
 from draftpipe.runtime.store import code_digest, stored_already
 from draftpipe.workflow.config import ConfigError, check_config
 from draftpipe.workflow.identity import published_verifier, report_title, verifier_hub_id, verifier_identity
@@ -203,7 +204,14 @@ def damaged():
     found = damaged_artifacts("results", ARTIFACT_STAT_CACHE)
     for path, reason in found.items():
         print(f"draftpipe: {path} is damaged ({reason}); rebuilding it and what is built from it", file=sys.stderr)
-    return found
+    earlier = unrebuilt_damaged(found, DAMAGE_RECORD)  # a rebuild that failed (a full disk): still to do
+    for path, reason in earlier.items():
+        print(
+            f"draftpipe: {path} was found damaged ({reason}) and its rebuild did not finish; rebuilding it and what "
+            "is built from it",
+            file=sys.stderr,
+        )
+    return {**found, **earlier}
 
 
 def force_repaired():

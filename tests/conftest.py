@@ -57,6 +57,7 @@ MODULE_SECONDS = {
     "e2e/test_smollm2.py": 179,
     "e2e/test_extract_vllm.py": 164,
     "e2e/test_chat_data.py": 120,
+    "e2e/test_interruptions.py": 120,
     "unit/test_layers.py": 70,
     "unit/test_loss.py": 65,
     "unit/test_io.py": 40,

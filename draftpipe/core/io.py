@@ -8,13 +8,16 @@ leaves only a ``.<name>.tmp-*`` file behind, which no rule ever takes as input.
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import hashlib
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -489,3 +492,65 @@ def cached_sha256(path: str | os.PathLike, cache_file: str | os.PathLike | None)
 def sha256_text(text: str) -> str:
     """Hex SHA-256 of a string's UTF-8 bytes."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def human(n: float) -> str:
+    """Bytes in binary units (KiB, MiB, GiB, TiB)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def free_bytes(path: str | os.PathLike) -> tuple[int, Path]:
+    """Free bytes on the file system that holds ``path`` (or its nearest existing parent), and that parent."""
+    p = Path(path).absolute()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free, p
+
+
+#: errno values of a file system with no room left: ENOSPC (no space left on device), EDQUOT (disk quota exceeded)
+NO_ROOM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: how libraries that raise no OSError report them: Rust's ``io::Error`` (safetensors, tokenizers) and C's strerror
+NO_ROOM_TEXTS = tuple(
+    [f"os error {n}" for n in sorted(NO_ROOM_ERRNOS)] + [os.strerror(n) for n in sorted(NO_ROOM_ERRNOS)]
+)
+
+
+@dataclass(frozen=True)
+class NoRoom:
+    """A failed write for want of disk space: ``path`` the file written when the system said so (None when the
+    error did not name it), ``reason`` its words (``No space left on device``)."""
+
+    path: str | None
+    reason: str
+
+
+def no_room(exc: BaseException) -> NoRoom | None:
+    """Whether ``exc``, or an exception it was raised from or while handling (``__cause__``, ``__context__``),
+    says that a disk is full: an ``OSError`` with errno ENOSPC or EDQUOT (its ``filename`` is the path), or a
+    message with the Rust or C text of those errnos (safetensors' ``SafetensorError``). torch's ``torch.save``
+    gives an ENOSPC only when it writes to a Python file object (to a path it says ``basic_ios::clear: iostream
+    error``), so the package's checkpoints are saved through one.
+
+    Returns:
+        the first such exception found, else None.
+    """
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in NO_ROOM_ERRNOS:
+            name = e.filename if isinstance(e.filename, str) else None
+            return NoRoom(name, e.strerror or os.strerror(e.errno))
+        text = str(e)
+        for words in NO_ROOM_TEXTS:
+            if words in text:
+                return NoRoom(None, os.strerror(errno.EDQUOT if "122" in words or "quota" in words else errno.ENOSPC))
+        todo += [e.__cause__, e.__context__]
+    return None

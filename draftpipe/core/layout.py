@@ -32,6 +32,8 @@ SHARD_STATES_CACHE = f"{CACHE_DIR}/shard_states.json"
 #: the stat of artifacts the run's damage check found as their manifests record them
 #: (:func:`draftpipe.runtime.integrity.damaged_artifacts`)
 ARTIFACT_STAT_CACHE = f"{CACHE_DIR}/artifact_stats.json"
+#: artifacts the damage check found, until they exist again (:func:`draftpipe.runtime.integrity.unrebuilt_damaged`)
+DAMAGE_RECORD = f"{CACHE_DIR}/damaged_artifacts.json"
 #: torch.compile's and Triton's caches of the draft job (:mod:`draftpipe.stages.draft.compile_cache`)
 COMPILE_CACHE = f"{CACHE_DIR}/torch-compile"
 

@@ -20,6 +20,7 @@ Loaded by vLLM through ``kv_transfer_config``: ``{"kv_connector": "DraftpipeHidd
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 
@@ -45,11 +46,17 @@ class _Done:
 
 
 def write_atomically(tensors: dict[str, torch.Tensor], filename: str) -> None:
-    """``safetensors.torch.save_file`` to ``<dir>/.<name>.tmp-<pid>``, then rename onto ``filename``."""
+    """``safetensors.torch.save_file`` to ``<dir>/.<name>.tmp-<pid>``, then rename onto ``filename``; a failed write
+    (a full disk: ``SafetensorError``) removes the temporary file and raises."""
     directory, name = os.path.split(filename)
     tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
-    save_file(tensors, tmp)
-    os.replace(tmp, filename)
+    try:
+        save_file(tensors, tmp)
+        os.replace(tmp, filename)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # a full disk keeps no partial file
+        raise
 
 
 class DraftpipeHiddenStatesConnector(ExampleHiddenStatesConnector):

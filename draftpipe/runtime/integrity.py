@@ -343,3 +343,30 @@ def damaged_artifacts(results_dir: str | os.PathLike, cache_file: str | os.PathL
     if changed and cache_file is not None:
         write_cache(cache_file, cache)
     return dict(sorted(damaged.items()))
+
+
+def unrebuilt_damaged(found: dict[str, str], record_file: str | os.PathLike) -> dict[str, str]:
+    """Artifacts an earlier run found damaged (:func:`damaged_artifacts`) whose rebuild did not finish:
+    ``{path: reason}``.
+
+    A run forces what it finds damaged; Snakemake removes the output before its job runs, so when that job fails (a
+    full disk, a kill, Ctrl-C) the next run sees a missing intermediate file whose dependents are up to date and,
+    alone, reruns nothing ("Nothing to be done"). ``record_file`` remembers each damaged path with its reason;
+    a path stays pending while it is missing, and is forgotten once it exists again (its job finished: a file that
+    is damaged again is found again by its stat). Damaged paths found this run (``found``) are recorded, not
+    returned.
+
+    Args:
+        found: this run's :func:`damaged_artifacts`.
+        record_file: a JSON cache file (:func:`draftpipe.core.io.read_cache`; a write that fails, a read-only tree,
+            forgets nothing this run forces).
+
+    Returns:
+        the recorded paths, not in ``found``, that are missing, sorted.
+    """
+    record = read_cache(record_file)
+    pending = {p: str(r) for p, r in sorted(record.items()) if p not in found and not os.path.lexists(p)}
+    keep = {**pending, **found}
+    if keep != record:
+        write_cache(record_file, keep)
+    return pending

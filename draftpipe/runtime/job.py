@@ -8,13 +8,14 @@ import fcntl
 import importlib.util
 import logging
 import os
+import re
 import signal
 import sys
 import time
 
 from draftpipe.core import progress
 from draftpipe.core.gpus import hold
-from draftpipe.core.io import remove_interrupted_writes
+from draftpipe.core.io import free_bytes, human, no_room, remove_interrupted_writes
 from draftpipe.core.layout import ml_python
 from draftpipe.formats.provenance import manifest_path, now_iso, remove_manifests, write_manifests
 
@@ -124,10 +125,14 @@ def job(smk):
     """The body of every job script, given Snakemake's ``snakemake`` object: ``with job(snakemake): ...``.
 
     On entry: continue in the ML environment (:func:`ensure_ml_python`, which may replace this process with the ML
-    interpreter running the same script), send output to the rule's log, take the job's own GPUs
+    interpreter running the same script), send output to the rule's log, ask for SIGTERM when Snakemake (the
+    parent) dies (:func:`die_with_parent`), take the job's own GPUs
     (``resources.gpu``, :func:`draftpipe.core.gpus.hold`), use the job's ``threads`` in torch, remove the outputs'
     previous provenance manifests and the temporary files a killed earlier run of the job left beside its outputs
     (:func:`draftpipe.core.io.remove_interrupted_writes`).
+
+    An exception that says a disk is full (:func:`draftpipe.core.io.no_room`) prints one line on the terminal
+    (:func:`disk_full_line`) before it leaves.
 
     On a normal exit of the block, in the process that entered it: write the outputs' provenance manifests
     (:func:`draftpipe.formats.provenance.write_manifests`). An exception leaving the block (``SystemExit`` from
@@ -142,6 +147,7 @@ def job(smk):
     ensure_ml_python()
     os.environ.pop(_STARTED_AT_ENV, None)
     redirect_output(smk.log[0] if smk.log else None)
+    die_with_parent(signal.SIGTERM)  # Snakemake killed: the job stops too (draftpipe.runtime.stops)
 
     hold(int(getattr(smk.resources, "gpu", 0) or 0))
     if importlib.util.find_spec("torch") is not None:
@@ -152,18 +158,65 @@ def job(smk):
     for tmp in remove_interrupted_writes(outputs + [str(manifest_path(o)) for o in outputs]):
         print(f"removed {tmp} (left by an interrupted write of this output)", flush=True)
     pid = os.getpid()
+    free_at_start = _free_space(outputs)
     try:
         yield
     except BaseException as exc:
         if os.getpid() == pid:
-            print(
-                f"draftpipe: the job script did not finish ({type(exc).__name__}); no manifests written",
-                file=sys.stderr,
-                flush=True,
-            )
+            full = no_room(exc)
+            if full is not None:
+                with contextlib.suppress(Exception):  # the line must never hide the job's own exception
+                    path = full.path or (outputs[0] if outputs else os.getcwd())
+                    _tell(disk_full_line(smk.rule, path, full.reason, free_at_start), console=True)
+            _tell(f"draftpipe: the job script did not finish ({type(exc).__name__}); no manifests written")
         raise
     if os.getpid() == pid:
         _write_manifests(smk, started_at)
+
+
+def _free_space(paths: list[str]) -> dict[str, int]:
+    """Free bytes on the file system of each path's nearest existing folder, keyed by that folder."""
+    free = {}
+    for path in paths:
+        with contextlib.suppress(OSError):
+            n, where = free_bytes(os.path.dirname(os.path.abspath(path)))
+            free[str(where)] = n
+    return free
+
+
+def disk_full_line(rule: str, path: str, reason: str, free_at_start: dict[str, int]) -> str:
+    """The one line a job prints when a write failed for want of space (:func:`draftpipe.core.io.no_room`).
+
+    It names the path (relative to the working directory when inside it), the free space now on its file system and
+    what was free there when the job started (``free_at_start``: folder -> bytes, :func:`_free_space`): the job
+    needed more than that, a lower bound measured rather than an estimate. A path on a file system the job did not
+    measure at its start gives the free space now only.
+    """
+    free_now, where = free_bytes(os.path.dirname(os.path.abspath(path)) or ".")
+    folder, name = os.path.split(path)
+    written = re.fullmatch(r"\.(.+)\.tmp-[^/]*", name)  # an atomic write's temporary file: name its destination
+    path = os.path.join(folder, written.group(1)) if written else path
+    shown = os.path.relpath(path) if os.path.abspath(path).startswith(os.getcwd() + os.sep) else path
+    device = os.stat(where).st_dev
+    before = [n for folder, n in free_at_start.items() if os.path.exists(folder) and os.stat(folder).st_dev == device]
+    need = (
+        f"{human(max(before))} were free there when the job started, and it needed more"
+        if before
+        else "the job did not measure it when it started"
+    )
+    return (
+        f"draftpipe: disk full: rule {rule} could not write {shown} ({reason}); its file system has {human(free_now)} "
+        f"free now; {need}; free space and run the same command again (finished work is kept)"
+    )
+
+
+def _tell(line: str, console: bool = False) -> None:
+    """Write ``line`` to the job's stderr (its log) or, with ``console``, to the terminal when the job has one apart
+    from its log (Snakemake prints a failed job's log, which would show the line twice); a write that fails (the
+    log on a full disk) is skipped, so the job's own exception is the one that leaves."""
+    fd = progress.CONSOLE_FD if console and progress.CONSOLE_FD is not None else 2
+    with contextlib.suppress(OSError):
+        os.write(fd, (line + "\n").encode("utf-8", "replace"))
 
 
 def _write_manifests(smk, started_at: str) -> None:

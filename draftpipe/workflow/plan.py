@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 from pathlib import Path
 
 from draftpipe.core.gpus import draft_world_size
+from draftpipe.core.io import free_bytes, human
 from draftpipe.formats.prompts import open_source
 from draftpipe.formats.verifier import kv_cache_bytes_per_token
 from draftpipe.workflow.storage import parse_bytes, stream_gpu_memory
@@ -129,15 +129,6 @@ def plan(config: dict, shape: dict, verifier_config: dict | None = None, kept: d
     }
 
 
-def human(n: float) -> str:
-    """Bytes in binary units (KiB, MiB, GiB, TiB)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} PiB"
-
-
 def gguf_line(g: dict) -> str:
     """What the ``verifier`` rule makes of a GGUF (:func:`draftpipe.workflow.config.gguf_conversion`), for the plan."""
     quant = (
@@ -227,14 +218,6 @@ def format_plan(p: dict) -> str:
 
 class DiskSpaceError(RuntimeError):
     """The planned hidden-state shards do not fit on the disk that holds them."""
-
-
-def free_bytes(path: str | Path) -> tuple[int, Path]:
-    """Free bytes on the file system that holds ``path`` (or its nearest existing parent), and that parent."""
-    p = Path(path).absolute()
-    while not p.exists():
-        p = p.parent
-    return shutil.disk_usage(p).free, p
 
 
 def check_disk(p: dict, shard_dir: str | Path, missing_shards: int, num_shards: int, free: int | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -138,3 +139,44 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_no_room_finds_a_full_disk_in_the_errors_the_writers_raise():
+    """Issue 45: a disk full during training said ``basic_ios::clear: iostream error`` and during extraction showed
+    ENOSPC only inside vLLM's traceback. ``/dev/full`` fails every write with ENOSPC, as a full file system does."""
+    import errno
+
+    import torch
+    from safetensors import SafetensorError
+
+    from draftpipe.core.io import NoRoom, no_room
+
+    with pytest.raises(OSError) as plain:
+        with open("/dev/full", "wb") as fh:
+            fh.write(b"x" * 10_000)
+    assert plain.value.errno == errno.ENOSPC
+    assert no_room(plain.value) == NoRoom(None, "No space left on device")
+    with pytest.raises(OSError) as opened:
+        os.open("/dev/full", os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # EEXIST: not a full disk
+    assert no_room(opened.value) is None
+
+    state = {"w": torch.zeros(4096)}
+    with pytest.raises(RuntimeError) as by_path:  # torch's own file writer: no errno anywhere
+        torch.save(state, "/dev/full")
+    assert no_room(by_path.value) is None
+    with open("/dev/full", "wb", buffering=0) as fh, pytest.raises((OSError, RuntimeError)) as by_file:  # as trainer.py
+        torch.save(state, fh)
+    assert no_room(by_file.value) == NoRoom(None, "No space left on device")
+
+    # safetensors' Rust writer (save_file, save_pretrained): the text measured on a full tmpfs
+    rust = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    assert no_room(rust) == NoRoom(None, "No space left on device")
+    quota = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), "results/x.jsonl")
+    try:
+        try:
+            raise quota
+        except OSError as exc:
+            raise RuntimeError("EngineCore failed") from exc
+    except RuntimeError as wrapped:
+        assert no_room(wrapped) == NoRoom("results/x.jsonl", "Disk quota exceeded")
+    assert no_room(RuntimeError("unexpected pos 576 vs 534")) is None

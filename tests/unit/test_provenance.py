@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -348,6 +349,9 @@ with job(snakemake):
         sys.exit("compat_report: 1 error(s)")
     if mode == "systemexit":
         raise SystemExit(3)
+    if mode == "full":  # a write on a full file system (/dev/full: ENOSPC at every write)
+        with open("/dev/full", "wb") as fh:
+            fh.write(b"x" * 100_000)
     if mode == "fork":
         pid = os.fork()
         if pid:  # the parent leaves without exit handlers; the child runs to the end of the block
@@ -410,7 +414,7 @@ def test_finished_job_script_writes_the_manifest(tmp_path):
     assert "done" in log and "wrote 1 provenance manifest(s)" in log
 
 
-@pytest.mark.parametrize("mode, returncode", [("raise", 1), ("exit", 1), ("systemexit", 3), ("fork", 0)])
+@pytest.mark.parametrize("mode, returncode", [("raise", 1), ("exit", 1), ("systemexit", 3), ("fork", 0), ("full", 1)])
 def test_failed_job_script_or_forked_child_writes_no_manifest(tmp_path, mode, returncode):
     write_json(manifest_path(tmp_path / "out.txt"), {"artifact": {"path": "of an earlier run"}})
     proc, _ = run_job_script(tmp_path, mode)
@@ -423,6 +427,19 @@ def test_failed_job_script_or_forked_child_writes_no_manifest(tmp_path, mode, re
         assert "done" in log  # the child did run to the end of the script
     else:
         assert "did not finish" in log and "done" not in log
+    full = [line for line in proc.stderr.splitlines() if line.startswith("draftpipe: disk full")]
+    if mode != "full":
+        assert full == []
+        return
+    # issue 45: one line on the terminal naming the path, the free space now and what the job started with
+    assert len(full) == 1 and full[0] not in log  # the terminal's: Snakemake shows a failed job's log
+    size = r"\d+(\.\d)? [KMGTP]?i?B"
+    assert re.fullmatch(
+        f"draftpipe: disk full: rule demo could not write {re.escape(str(tmp_path / 'out.txt'))} \\(No space left on "
+        f"device\\); its file system has {size} free now; {size} were free there when the job started, and it needed "
+        r"more; free space and run the same command again \(finished work is kept\)",
+        full[0],
+    ), full[0]
 
 
 def test_what_repair_quarantined_is_pending_until_its_dependents_are_rebuilt(tmp_path):
@@ -510,3 +527,25 @@ def test_a_run_finds_damage_by_itself_reading_only_files_whose_stat_changed(tree
     assert found["results/draft/metrics.csv"] == "size 28 != manifest 22"
     assert found["results/prompts/train_00000.jsonl"].startswith("manifest train_00000.jsonl.manifest.json unreadable")
     assert sorted(found) == sorted(["results/draft/metrics.csv", str(shard), "results/prompts/train_00000.jsonl"])
+
+
+def test_damage_whose_rebuild_did_not_finish_stays_pending_until_the_file_exists_again(tmp_path):
+    """Issue 45: a damaged shard is forced; Snakemake removes it before its job runs; when that job fails (a full
+    disk) the next run must still rebuild it, where Snakemake alone says "Nothing to be done"."""
+    from draftpipe.runtime.integrity import unrebuilt_damaged
+
+    record = tmp_path / "damaged.json"
+    shard, draft = tmp_path / "train_00001.safetensors", tmp_path / "model.safetensors"
+    shard.write_bytes(b"damaged")
+    draft.write_bytes(b"damaged too")
+    found = {str(shard): "sha256 0123... != manifest 4567...", str(draft): "size 11 != manifest 12"}
+    assert unrebuilt_damaged(found, record) == {}  # found this run: forced by the run itself, and recorded
+    assert json.loads(record.read_text()) == found
+    shard.unlink()  # Snakemake removed the output, its job failed; the draft's job never ran
+    assert unrebuilt_damaged({str(draft): found[str(draft)]}, record) == {str(shard): found[str(shard)]}
+    assert unrebuilt_damaged({}, record) == {str(shard): found[str(shard)]}  # the draft exists, as it was: forgotten
+    assert json.loads(record.read_text()) == {str(shard): found[str(shard)]}
+    shard.write_bytes(b"rebuilt")
+    assert unrebuilt_damaged({}, record) == {} and json.loads(record.read_text()) == {}
+    shard.unlink()  # removed later by the user: not damage
+    assert unrebuilt_damaged({}, record) == {}

@@ -245,23 +245,26 @@ class ResumableTrainer(Trainer):
             frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
             model.save_pretrained(tmp, state_dict=convert_float_dtype(state_dict, torch.bfloat16))
             patch_config_dtype(tmp / "config.json", torch.bfloat16)
-            torch.save(
-                {
-                    "format": STATE_FORMAT,
-                    "epoch": epoch,
-                    "local_step": local_step,
-                    "global_step": self.global_step,
-                    "model": {k: v.detach().cpu() for k, v in state_dict.items() if k not in frozen},
-                    "frozen": sorted(frozen),
-                    "optimizers": optimizer_states,
-                    "schedulers": [sched.state_dict() for sched in self.schedulers],
-                    "rng": rank_rng[0],
-                    "rank_rng": rank_rng,
-                    # mid-epoch: the records of the epoch so far too
-                    "metrics": self.metric_records + list(self._collector.records),
-                },
-                tmp / TRAINING_STATE,
-            )
+            # through a Python file object: a full disk then raises OSError ENOSPC (draftpipe.core.io.no_room)
+            # where torch's own file writer says "basic_ios::clear: iostream error"
+            with open(tmp / TRAINING_STATE, "wb") as state_file:
+                torch.save(
+                    {
+                        "format": STATE_FORMAT,
+                        "epoch": epoch,
+                        "local_step": local_step,
+                        "global_step": self.global_step,
+                        "model": {k: v.detach().cpu() for k, v in state_dict.items() if k not in frozen},
+                        "frozen": sorted(frozen),
+                        "optimizers": optimizer_states,
+                        "schedulers": [sched.state_dict() for sched in self.schedulers],
+                        "rng": rank_rng[0],
+                        "rank_rng": rank_rng,
+                        # mid-epoch: the records of the epoch so far too
+                        "metrics": self.metric_records + list(self._collector.records),
+                    },
+                    state_file,
+                )
         clean_work_dir(root)
         _barrier()
         log.info("saved epoch %d%s checkpoint %s", epoch, f" step {local_step}" if local_step else "", final)
