@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 
 from draftpipe.core import progress
@@ -131,7 +132,9 @@ def job(smk):
     previous provenance manifests and the temporary files a killed earlier run of the job left beside its outputs
     (:func:`draftpipe.core.io.remove_interrupted_writes`).
 
-    An exception that says a disk is full (:func:`draftpipe.core.io.no_room`) prints one line on the terminal
+    SIGTERM (Snakemake passing on a stop, SLURM's ``scancel``, the parent's death) and SIGINT unwind the block, so
+    its clean-ups run, and end the job with one line in its log and the exit status the signal's default gives
+    (143, 130), without a traceback (:class:`Stopped`). An exception that says a disk is full (:func:`draftpipe.core.io.no_room`) prints one line on the terminal
     (:func:`disk_full_line`) before it leaves.
 
     On a normal exit of the block, in the process that entered it: write the outputs' provenance manifests
@@ -148,6 +151,7 @@ def job(smk):
     os.environ.pop(_STARTED_AT_ENV, None)
     redirect_output(smk.log[0] if smk.log else None)
     die_with_parent(signal.SIGTERM)  # Snakemake killed: the job stops too (draftpipe.runtime.stops)
+    signal.signal(signal.SIGTERM, _stopped)  # unwinds the block: its clean-ups run
 
     hold(int(getattr(smk.resources, "gpu", 0) or 0))
     if importlib.util.find_spec("torch") is not None:
@@ -162,6 +166,12 @@ def job(smk):
     try:
         yield
     except BaseException as exc:
+        if os.getpid() == pid and isinstance(exc, (KeyboardInterrupt, Stopped)):
+            for sig in (signal.SIGINT, signal.SIGTERM):  # another stop now ends the process at once, silently
+                signal.signal(sig, signal.SIG_DFL)
+            name = "SIGTERM" if isinstance(exc, Stopped) else "SIGINT"
+            _tell(f"draftpipe: rule {smk.rule} stopped by {name}; no manifests written; the next run starts it again")
+            raise Stopped(signal.SIGTERM if isinstance(exc, Stopped) else signal.SIGINT) from None
         if os.getpid() == pid:
             full = no_room(exc)
             if full is not None:
@@ -172,6 +182,29 @@ def job(smk):
         raise
     if os.getpid() == pid:
         _write_manifests(smk, started_at)
+
+
+class Stopped(SystemExit):
+    """A job asked to stop (SIGTERM, or SIGINT as ``KeyboardInterrupt``): exits with 128 + the signal's number, as
+    the signal's default action would, and, being a ``SystemExit``, without a traceback."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+#: seconds a stopped job's clean-ups may take before the process ends without them (:func:`_stopped`)
+STOP_GRACE_S = 30.0
+
+
+def _stopped(signum, frame) -> None:
+    """SIGTERM handler of a job (:func:`job`): raise :class:`Stopped` once; a second SIGTERM, or clean-ups that
+    take longer than :data:`STOP_GRACE_S`, end the process at once."""
+    signal.signal(signum, signal.SIG_DFL)
+    timer = threading.Timer(STOP_GRACE_S, os._exit, args=(128 + signum,))
+    timer.daemon = True
+    timer.start()
+    raise Stopped(signum)
 
 
 def _free_space(paths: list[str]) -> dict[str, int]:

@@ -171,6 +171,9 @@ def test_a_stop_asked_of_snakemake_alone_ends_the_training_job_within_seconds(bu
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode != 0
         if how == "SIGINT":
+            # the job unwound (its clean-ups ran) and said so in the log Snakemake shows, without a traceback
             assert "Terminating processes on user request" in out, out[-3000:]
+            assert "draftpipe: rule draft stopped by SIGTERM; no manifests written" in out, out[-3000:]
+            assert "Traceback" not in out, out[-3000:]
         else:
             snakemake(work, "--unlock")

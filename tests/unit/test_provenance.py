@@ -349,6 +349,13 @@ with job(snakemake):
         sys.exit("compat_report: 1 error(s)")
     if mode == "systemexit":
         raise SystemExit(3)
+    if mode in ("sigterm", "sigint"):  # Snakemake passing a stop on, SLURM's scancel; Ctrl-C
+        import signal, time
+        try:
+            os.kill(os.getpid(), signal.SIGTERM if mode == "sigterm" else signal.SIGINT)
+            time.sleep(30)
+        finally:
+            print("cleaned up", flush=True)
     if mode == "full":  # a write on a full file system (/dev/full: ENOSPC at every write)
         with open("/dev/full", "wb") as fh:
             fh.write(b"x" * 100_000)
@@ -414,7 +421,10 @@ def test_finished_job_script_writes_the_manifest(tmp_path):
     assert "done" in log and "wrote 1 provenance manifest(s)" in log
 
 
-@pytest.mark.parametrize("mode, returncode", [("raise", 1), ("exit", 1), ("systemexit", 3), ("fork", 0), ("full", 1)])
+@pytest.mark.parametrize(
+    "mode, returncode",
+    [("raise", 1), ("exit", 1), ("systemexit", 3), ("fork", 0), ("full", 1), ("sigterm", 143), ("sigint", 130)],
+)
 def test_failed_job_script_or_forked_child_writes_no_manifest(tmp_path, mode, returncode):
     write_json(manifest_path(tmp_path / "out.txt"), {"artifact": {"path": "of an earlier run"}})
     proc, _ = run_job_script(tmp_path, mode)
@@ -426,7 +436,11 @@ def test_failed_job_script_or_forked_child_writes_no_manifest(tmp_path, mode, re
     if mode == "fork":
         assert "done" in log  # the child did run to the end of the script
     else:
-        assert "did not finish" in log and "done" not in log
+        assert "done" not in log and ("did not finish" in log) != mode.startswith("sig")
+    if mode.startswith("sig"):
+        # issue 45: the block's clean-ups ran, one line, no traceback
+        assert "cleaned up" in log and "Traceback" not in log + proc.stderr, log
+        assert f"draftpipe: rule demo stopped by {mode.upper()}; no manifests written" in log
     full = [line for line in proc.stderr.splitlines() if line.startswith("draftpipe: disk full")]
     if mode != "full":
         assert full == []
