@@ -10,7 +10,7 @@ from draftpipe.core.layout import ARTIFACT_STAT_CACHE, DAMAGE_RECORD, STORE, sha
 from draftpipe.bench.serve import serve_settings
 from draftpipe.formats.chat import template_file_hash
 from draftpipe.formats.verifier import VerifierNotFoundError
-from draftpipe.runtime.integrity import damaged_artifacts, repaired_pending, unrebuilt_damaged
+from draftpipe.runtime.integrity import damage_to_rebuild, repaired_pending
 from draftpipe.runtime.stops import forward_stops
 from draftpipe.runtime.store import code_digest, stored_already
 from draftpipe.workflow.config import ConfigError, check_config
@@ -199,19 +199,13 @@ for _path, _dependents in REPAIRED.items():
 
 @functools.cache
 def damaged():
-    """Artifacts whose bytes are not those their manifests record (only files whose stat changed are read), each
-    named with a line, when the main process builds its DAG (where Snakemake's settings are known)."""
-    found = damaged_artifacts("results", ARTIFACT_STAT_CACHE)
-    for path, reason in found.items():
-        print(f"draftpipe: {path} is damaged ({reason}); rebuilding it and what is built from it", file=sys.stderr)
-    earlier = unrebuilt_damaged(found, DAMAGE_RECORD)  # a rebuild that failed (a full disk): still to do
-    for path, reason in earlier.items():
-        print(
-            f"draftpipe: {path} was found damaged ({reason}) and its rebuild did not finish; rebuilding it and what "
-            "is built from it",
-            file=sys.stderr,
-        )
-    return {**found, **earlier}
+    """Artifacts whose bytes are not those their manifests record (only files whose stat changed are read), and
+    those whose rebuild an earlier run did not finish, each named with a line, when the main process builds its DAG
+    (where Snakemake's settings are known)."""
+    forced, lines = damage_to_rebuild("results", ARTIFACT_STAT_CACHE, DAMAGE_RECORD)
+    for line in lines:
+        print(line, file=sys.stderr)
+    return forced
 
 
 def force_repaired():

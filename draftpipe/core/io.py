@@ -513,10 +513,9 @@ def free_bytes(path: str | os.PathLike) -> tuple[int, Path]:
 
 #: errno values of a file system with no room left: ENOSPC (no space left on device), EDQUOT (disk quota exceeded)
 NO_ROOM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-#: how libraries that raise no OSError report them: Rust's ``io::Error`` (safetensors, tokenizers) and C's strerror
-NO_ROOM_TEXTS = tuple(
-    [f"os error {n}" for n in sorted(NO_ROOM_ERRNOS)] + [os.strerror(n) for n in sorted(NO_ROOM_ERRNOS)]
-)
+#: how libraries that raise no OSError report them, with the errno each names: Rust's ``io::Error`` (safetensors,
+#: tokenizers: ``os error 28``) and C's strerror
+NO_ROOM_TEXTS = {text: n for n in sorted(NO_ROOM_ERRNOS) for text in (f"os error {n}", os.strerror(n))}
 
 
 @dataclass(frozen=True)
@@ -549,8 +548,8 @@ def no_room(exc: BaseException) -> NoRoom | None:
             name = e.filename if isinstance(e.filename, str) else None
             return NoRoom(name, e.strerror or os.strerror(e.errno))
         text = str(e)
-        for words in NO_ROOM_TEXTS:
+        for words, number in NO_ROOM_TEXTS.items():
             if words in text:
-                return NoRoom(None, os.strerror(errno.EDQUOT if "122" in words or "quota" in words else errno.ENOSPC))
+                return NoRoom(None, os.strerror(number))
         todo += [e.__cause__, e.__context__]
     return None

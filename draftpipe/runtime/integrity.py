@@ -370,3 +370,22 @@ def unrebuilt_damaged(found: dict[str, str], record_file: str | os.PathLike) -> 
     if keep != record:
         write_cache(record_file, keep)
     return pending
+
+
+def damage_to_rebuild(
+    results_dir: str | os.PathLike, cache_file: str | os.PathLike | None, record_file: str | os.PathLike
+) -> tuple[dict[str, str], list[str]]:
+    """What a run forces for damage: the artifacts damaged now (:func:`damaged_artifacts`) and those whose rebuild
+    an earlier run started and did not finish (:func:`unrebuilt_damaged`), ``{path: reason}``, with a line for each
+    to print (``draftpipe: <path> is damaged (<reason>); rebuilding it and what is built from it``)."""
+    found = damaged_artifacts(results_dir, cache_file)
+    earlier = unrebuilt_damaged(found, record_file)
+    lines = [
+        f"draftpipe: {path} is damaged ({why}); rebuilding it and what is built from it" for path, why in found.items()
+    ]
+    lines += [
+        f"draftpipe: {path} was found damaged ({why}) and its rebuild did not finish; rebuilding it and what is built "
+        "from it"
+        for path, why in earlier.items()
+    ]
+    return {**found, **earlier}, lines

@@ -134,8 +134,8 @@ def job(smk):
 
     SIGTERM (Snakemake passing on a stop, SLURM's ``scancel``, the parent's death) and SIGINT unwind the block, so
     its clean-ups run, and end the job with one line in its log and the exit status the signal's default gives
-    (143, 130), without a traceback (:class:`Stopped`). An exception that says a disk is full (:func:`draftpipe.core.io.no_room`) prints one line on the terminal
-    (:func:`disk_full_line`) before it leaves.
+    (143, 130), without a traceback (:class:`Stopped`). An exception that says a disk is full
+    (:func:`draftpipe.core.io.no_room`) prints one line on the terminal (:func:`disk_full_line`) before it leaves.
 
     On a normal exit of the block, in the process that entered it: write the outputs' provenance manifests
     (:func:`draftpipe.formats.provenance.write_manifests`). An exception leaving the block (``SystemExit`` from
@@ -166,19 +166,22 @@ def job(smk):
     try:
         yield
     except BaseException as exc:
-        if os.getpid() == pid and isinstance(exc, (KeyboardInterrupt, Stopped)):
+        if os.getpid() != pid:  # a process forked inside the block
+            raise
+        if isinstance(exc, (KeyboardInterrupt, Stopped)):
             for sig in (signal.SIGINT, signal.SIGTERM):  # another stop now ends the process at once, silently
                 signal.signal(sig, signal.SIG_DFL)
-            name = "SIGTERM" if isinstance(exc, Stopped) else "SIGINT"
-            _tell(f"draftpipe: rule {smk.rule} stopped by {name}; no manifests written; the next run starts it again")
-            raise Stopped(signal.SIGTERM if isinstance(exc, Stopped) else signal.SIGINT) from None
-        if os.getpid() == pid:
-            full = no_room(exc)
-            if full is not None:
-                with contextlib.suppress(Exception):  # the line must never hide the job's own exception
-                    path = full.path or (outputs[0] if outputs else os.getcwd())
-                    _tell(disk_full_line(smk.rule, path, full.reason, free_at_start), console=True)
-            _tell(f"draftpipe: the job script did not finish ({type(exc).__name__}); no manifests written")
+            signum = signal.SIGTERM if isinstance(exc, Stopped) else signal.SIGINT
+            _tell(
+                f"draftpipe: rule {smk.rule} stopped by {signum.name}; no manifests written; the next run starts it again"
+            )
+            raise Stopped(signum) from None
+        full = no_room(exc)
+        if full is not None:
+            with contextlib.suppress(Exception):  # the line must never hide the job's own exception
+                path = full.path or (outputs[0] if outputs else os.getcwd())
+                _tell(disk_full_line(smk.rule, path, full.reason, free_at_start), console=True)
+        _tell(f"draftpipe: the job script did not finish ({type(exc).__name__}); no manifests written")
         raise
     if os.getpid() == pid:
         _write_manifests(smk, started_at)

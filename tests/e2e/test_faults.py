@@ -34,11 +34,13 @@ from conftest import CORES
 from helpers.workflow import (
     copy_build,
     copy_workflow,
+    damage,
     one_epoch_config,
     planned_jobs,
     set_resources,
     small_extraction_calls,
     snakemake,
+    verify,
 )
 
 from draftpipe.core.io import sha256_file
@@ -254,25 +256,6 @@ def test_a_kill_in_every_stage_ends_in_the_uninterrupted_artifacts(one_epoch, tm
     assert not re.search(r"^(CORRUPT|STALE)", verify.stdout, re.M), verify.stdout[-3000:]
 
 
-def _damage(path: Path, how: str) -> None:
-    """Damage a file in place, as a user or a failing disk would: ``truncate`` it or flip bytes in its middle."""
-    os.chmod(path, 0o644)  # store entries are read-only; root (and the owner, with chmod) can still write them
-    if how == "truncate":
-        os.truncate(path, 1000)
-    else:
-        with open(path, "r+b") as fh:
-            fh.seek(path.stat().st_size // 2)
-            chunk = fh.read(4)
-            fh.seek(-len(chunk), os.SEEK_CUR)
-            fh.write(bytes(b ^ 0xFF for b in chunk))
-
-
-def _verify(work: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "draftpipe.checks.verify", "results", *args], cwd=work, capture_output=True, text=True
-    )
-
-
 def test_damage_in_place_is_repaired_to_the_uninterrupted_bytes_and_never_linked_again(built, tmp_path):
     """Issue 28's probe: the draft truncated, a hidden-state shard and a completions file with bytes flipped, in
     place. ``--repair`` quarantines them (and the store entries the shards are, the same files, with their digest
@@ -289,8 +272,8 @@ def test_damage_in_place_is_repaired_to_the_uninterrupted_bytes_and_never_linked
         "results/completions/train_00000.jsonl": "flip",
     }
     for rel, how in damaged.items():
-        _damage(work / rel, how)
-    found = _verify(work)
+        damage(work / rel, how)
+    found = verify(work)
     assert found.returncode == 1
     for rel in damaged:
         assert re.search(rf"^CORRUPT {re.escape(rel)}: ", found.stdout, re.M), found.stdout
@@ -304,11 +287,11 @@ def test_damage_in_place_is_repaired_to_the_uninterrupted_bytes_and_never_linked
     # the draft's entry is not: its output is a copy
     assert not re.search(r"^CORRUPT results/\.store/draft/", found.stdout, re.M), found.stdout
 
-    repair = _verify(work, "--repair")
+    repair = verify(work, "--repair")
     command = re.search(r"rebuild with: snakemake (.*)$", repair.stdout, re.M)
     assert command, repair.stdout
     assert ".store" not in command.group(1)
-    assert _verify(work).returncode == 1  # missing artifacts: their dependents' inputs are missing
+    assert verify(work).returncode == 1  # missing artifacts: their dependents' inputs are missing
     # the plain main job plans the same rebuild by itself (Snakemake alone would say "Nothing to be done")
     plan = snakemake(work, TARGET, "-n")
     lines = [line for line in (plan.stdout + plan.stderr).splitlines() if "quarantined by --repair" in line]
@@ -330,7 +313,7 @@ def test_damage_in_place_is_repaired_to_the_uninterrupted_bytes_and_never_linked
     assert sorted(mine) == sorted(ref)
     differ = [n for n, p in mine.items() if sha256_file(p) != sha256_file(ref[n])]
     assert differ == [], log[-3000:]
-    clean = _verify(work)
+    clean = verify(work)
     assert clean.returncode == 0 and "0 corrupt, 0 stale" in clean.stdout, clean.stdout[-3000:]
     # every store entry is read-only and matches its record, the recomputed ones too
     for entry in store_entries(work, "hidden_states") + store_entries(work, "completions"):
@@ -344,7 +327,7 @@ def test_damage_in_place_is_repaired_to_the_uninterrupted_bytes_and_never_linked
     # Without verify: a plain run finds bytes changed in the draft and in a shard by itself (their stat changed),
     # names them, and rebuilds them and what is built from them, to the uninterrupted bytes again
     for rel in ("results/draft/model.safetensors", "results/hidden_states/train_00001.safetensors"):
-        _damage(work / rel, "flip")
+        damage(work / rel, "flip")
     plan = snakemake(work, TARGET, "-n")
     lines = sorted(line for line in (plan.stdout + plan.stderr).splitlines() if " is damaged (" in line)
     assert [re.sub(r"\(sha256 \w+\.\.\. != manifest \w+\.\.\.\)", "(sha256)", x) for x in lines] == [

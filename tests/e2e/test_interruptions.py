@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import CORES
-from helpers.workflow import copy_build, planned_jobs, snakemake, variant
+from helpers.workflow import copy_build, damage, planned_jobs, snakemake, variant, verify
 
 from draftpipe.core.io import free_bytes, sha256_file
 from draftpipe.runtime.stops import child_pids
@@ -50,16 +50,6 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "--lazy", str(where)], check=False)
 
 
-def flip_a_byte(path: Path) -> None:
-    """Flip the byte in the middle of ``path`` in place (a store entry is read-only; root can still write it)."""
-    os.chmod(path, 0o644)
-    with open(path, "r+b") as fh:
-        fh.seek(path.stat().st_size // 2)
-        byte = fh.read(1)
-        fh.seek(-1, os.SEEK_CUR)
-        fh.write(bytes([byte[0] ^ 0xFF]))
-
-
 def files(work: Path) -> dict[str, str]:
     """sha256 of every artifact of a tree (not manifests, logs, benchmarks or hidden folders)."""
     results = work / "results"
@@ -74,9 +64,9 @@ def files(work: Path) -> dict[str, str]:
 
 def test_a_full_disk_stops_the_job_with_one_line_and_the_plain_rerun_ends_in_the_same_bytes(built, small_disk):
     work = small_disk / "workflow"
-    subprocess.run(["cp", "-a", str(built), str(work)], check=True)
+    copy_build(built, work)
     reference = files(built)
-    flip_a_byte(work / SHARD)
+    damage(work / SHARD, "flip")
     shard_size = (work / SHARD).stat().st_size
     free, _ = free_bytes(work)
     assert free > shard_size, f"the tmpfs holds the tree but not another shard: {free} bytes free"
@@ -117,9 +107,7 @@ def test_a_full_disk_stops_the_job_with_one_line_and_the_plain_rerun_ends_in_the
     snakemake(work, TARGET)
     assert "draft: found in the store" in (work / "results/logs/draft.log").read_text()
     assert files(work) == reference
-    clean = subprocess.run(
-        [sys.executable, "-m", "draftpipe.checks.verify", "results"], cwd=work, capture_output=True, text=True
-    )
+    clean = verify(work)
     assert clean.returncode == 0 and "0 corrupt, 0 stale" in clean.stdout, clean.stdout[-3000:]
     again = snakemake(work, TARGET, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr and "damaged" not in again.stdout + again.stderr

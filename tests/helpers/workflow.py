@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -77,6 +78,26 @@ def copy_build(built: Path, dest: Path) -> Path:
     with it) at ``dest``, for a test that runs jobs or edits files: the session build itself is never changed."""
     subprocess.run(["cp", "-a", str(built), str(dest)], check=True)
     return dest
+
+
+def damage(path: Path, how: str) -> None:
+    """Damage a file in place, as a user or a failing disk would: ``truncate`` it or flip bytes in its middle."""
+    os.chmod(path, 0o644)  # store entries are read-only; root (and the owner, with chmod) can still write them
+    if how == "truncate":
+        os.truncate(path, 1000)
+    else:
+        with open(path, "r+b") as fh:
+            fh.seek(path.stat().st_size // 2)
+            chunk = fh.read(4)
+            fh.seek(-len(chunk), os.SEEK_CUR)
+            fh.write(bytes(b ^ 0xFF for b in chunk))
+
+
+def verify(work: Path, *args: str) -> subprocess.CompletedProcess:
+    """``draftpipe-verify results`` (its module) in a workflow copy, with ``args`` (``--repair``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "draftpipe.checks.verify", "results", *args], cwd=work, capture_output=True, text=True
+    )
 
 
 def variants_dir(workdir: Path) -> Path:
