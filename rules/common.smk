@@ -130,12 +130,10 @@ def served_summary(wildcards=None):
 
 def draft_params():
     """The draft rule's param `draft`: the `draft` section without the quality gate `min_train_samples` and the
-    metric `loggers` (they shape nothing: untracked) and without `init` at its default `random` (so a draft built
-    before the knob existed is not retrained)."""
-    untracked = ("min_train_samples", "loggers")
-    return canon(
-        {k: v for k, v in config["draft"].items() if k not in untracked and not (k == "init" and v == "random")}
-    )
+    metric `loggers` (they shape nothing: untracked) and without `init` and `select` at their defaults (so a draft
+    built before those knobs existed is not retrained)."""
+    untracked, defaults = ("min_train_samples", "loggers"), {"init": "random", "select": "last"}
+    return canon({k: v for k, v in config["draft"].items() if k not in untracked and defaults.get(k, object()) != v})
 
 
 def stream_params():

@@ -29,6 +29,7 @@ from typing import Any
 from draftpipe.checks.spec_decode import acceptance_from_counters, snapshot
 from draftpipe.core.io import atomic_path
 from draftpipe.inference.engine import engine_in_process, engine_kwargs
+from draftpipe.stages.draft.metrics import exported_row, selection_line
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ def predicted_acceptance_length(full_acc: list[float], k: int) -> float:
 
 
 def training_accuracies(metrics_csv: str) -> tuple[list[float], str]:
-    """Per-position full accuracies of the last epoch from the draft's ``metrics.csv`` (validation if present).
+    """Per-position full accuracies of the exported epoch (``draft.select``:
+    :func:`draftpipe.stages.draft.metrics.exported_row`) from the draft's ``metrics.csv`` (validation if present).
 
     Returns:
         ``(accuracies, source)`` where source is ``"val"`` or ``"train"``.
@@ -77,7 +79,7 @@ def training_accuracies(metrics_csv: str) -> tuple[list[float], str]:
     import pandas as pd
 
     frame = pd.read_csv(metrics_csv)
-    last = frame.iloc[-1]
+    last, _ = exported_row(frame.to_dict("records"))
     for src in ("val", "train"):
         cols = sorted(
             (c for c in frame.columns if c.startswith(f"{src}_full_acc_")), key=lambda c: int(c.rsplit("_", 1)[1])
@@ -85,6 +87,13 @@ def training_accuracies(metrics_csv: str) -> tuple[list[float], str]:
         if cols and not any(pd.isna(last[c]) for c in cols):
             return [float(last[c]) for c in cols], src
     return [], "none"
+
+
+def exported_epoch_line(metrics_csv: str) -> str:
+    """Which epoch the draft exports and why (:func:`draftpipe.stages.draft.metrics.selection_line`)."""
+    import pandas as pd
+
+    return selection_line(pd.read_csv(metrics_csv).to_dict("records"))
 
 
 def environment() -> dict:
@@ -375,7 +384,12 @@ def benchmark(
                     "positions_predicted": min(len(acc), r["num_speculative_tokens"]),
                 }
             )
-        summary["training_prediction"] = {"full_accuracy_per_position": acc, "source": source, "rows": pred}
+        summary["training_prediction"] = {
+            "full_accuracy_per_position": acc,
+            "source": source,
+            "exported": exported_epoch_line(metrics_csv),
+            "rows": pred,
+        }
     return summary, table
 
 
@@ -514,8 +528,9 @@ def render_report(summary: dict, *, title: str, plots: dict[str, str], digits: i
             "",
             "## Training prediction against served acceptance",
             "",
-            f"Per-position full accuracy at the end of training ({tp['source']}): "
-            f"{', '.join(f(x) for x in tp['full_accuracy_per_position'])}.",
+            f"Per-position full accuracy of the exported epoch ({tp['source']}): "
+            f"{', '.join(f(x) for x in tp['full_accuracy_per_position'])}."
+            + (f" The draft {tp['exported']}." if tp.get("exported") else ""),
             "",
             "| prompt set | k | T | batch | predicted | measured in vLLM | gap |",
             "|---|---|---|---|---|---|---|",

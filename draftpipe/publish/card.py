@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from draftpipe.stages.draft.metrics import exported_row, selection_line
+
 #: tags every draft's card carries (the Hub's speculator cards use the first four)
 BASE_TAGS = ("speculative-decoding", "eagle3", "speculators", "vllm", "draftpipe")
 
@@ -72,7 +74,7 @@ def render_card(
 
     Args:
         draft_config: the draft's ``config.json``.
-        metrics: :func:`read_metrics` of its ``metrics.csv`` (the last row is the exported epoch).
+        metrics: :func:`read_metrics` of its ``metrics.csv`` (its ``exported`` column marks the exported epoch).
         prompt_stats: ``results/prompts/stats.json`` (``read``, ``kept``, ``train``, ``eval``, ``per_source``).
         completion_stats: ``results/completions/stats.json`` (``prompts``, ``rows``, ``truncated``).
         compat: ``results/report/compat.json`` (``ok``, ``counts``, ``live``).
@@ -138,18 +140,21 @@ def _data_lines(prompt_stats: dict, completion_stats: dict, sampling: dict) -> l
 
 
 def _training_lines(metrics: list[dict]) -> list[str]:
-    """Epochs, steps, the exported (last) epoch's losses and validation accuracy per TTT step."""
+    """Epochs, steps, the exported epoch (which and why: ``draft.select``), its losses and validation accuracy per
+    TTT step."""
     if not metrics:
         return []
-    last = metrics[-1]
-    steps = sorted((key[len("val_full_acc_") :] for key in last if key.startswith("val_full_acc_")), key=int)
-    acc = ", ".join(_fmt(last.get(f"val_full_acc_{s}")) for s in steps)
+    row, _ = exported_row(metrics)
+    steps = sorted((key[len("val_full_acc_") :] for key in row if key.startswith("val_full_acc_")), key=int)
+    acc = ", ".join(_fmt(row.get(f"val_full_acc_{s}")) for s in steps)
     return [
         "",
         "## Training",
         "",
-        f"- {len(metrics)} epoch(s), {int(sum(r.get('train_steps') or 0 for r in metrics))} optimizer steps; the "
-        f"last epoch's train loss {_fmt(last.get('train_loss'), 3)}, validation loss {_fmt(last.get('val_loss'), 3)}",
+        f"- {len(metrics)} epoch(s), {int(sum(r.get('train_steps') or 0 for r in metrics))} optimizer steps; "
+        f"{selection_line(metrics)}",
+        f"- The exported epoch's train loss {_fmt(row.get('train_loss'), 3)}, validation loss "
+        f"{_fmt(row.get('val_loss'), 3)}",
         f"- Validation accuracy of the draft's token at each TTT step (all earlier ones right): {acc or 'n/a'}",
     ]
 

@@ -32,8 +32,9 @@ from draftpipe.stages.draft.export import export_draft
 from draftpipe.stages.draft.settings import DraftSettings
 from draftpipe.stages.draft.training import train_draft
 verifier, shards, maps, work, out, epochs, per_epoch, ranks, per_step, fsdp, loss, ttt, workers, loggers = sys.argv[1:15]
-settings = DraftSettings(epochs=int(epochs), lr=3e-3, total_seq_len=256, val_every=5, seed=0,
-                         batches_per_step=int(per_step), ttt_steps=int(ttt))
+lr, schedule, select = sys.argv[15:18]
+settings = DraftSettings(epochs=int(epochs), lr=float(lr), total_seq_len=256, val_every=5, seed=0,
+                         batches_per_step=int(per_step), ttt_steps=int(ttt), scheduler_type=schedule, select=select)
 checkpoint, rows = train_draft(verifier, shards.split(","), maps, work, settings, checkpoints_per_epoch=int(per_epoch),
                                ranks=int(ranks), threads=2, fsdp=fsdp == "fsdp", loss_implementation=loss,
                                loader_workers=None if workers == "auto" else int(workers),
@@ -91,6 +92,9 @@ def _train_cmd(
     ttt=3,
     workers="auto",
     loggers="",
+    lr=3e-3,
+    schedule="linear",
+    select="last",
 ):
     paths, maps = shards
     out.mkdir(parents=True, exist_ok=True)
@@ -112,6 +116,9 @@ def _train_cmd(
         str(ttt),
         str(workers),
         loggers,
+        str(lr),
+        schedule,
+        select,
     ]
 
 
@@ -246,6 +253,40 @@ def _train(verifier_dir, shards, tmp, **kw):
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return run
+
+
+def test_best_val_exports_the_epoch_with_the_lowest_validation_loss_and_keeps_it_across_a_resume(
+    verifier_dir, shards, tmp_path
+):
+    # draft.select: best_val at a constant learning rate (scheduler_type: none), where the first E epochs of a longer
+    # run are an E-epoch run: on these shards the validation loss after epoch 6 of 7 is below the last one's, so the
+    # 7-epoch draft is the 6-epoch run's last epoch, byte for byte
+    kw = {"lr": 3e-3, "schedule": "none"}
+    run = _train(verifier_dir, shards, tmp_path / "best", epochs=7, select="best_val", **kw)
+    rows = json.loads((tmp_path / "best" / "out" / "metrics.json").read_text())
+    losses = [r["val_loss"] for r in rows]
+    best = losses.index(min(losses))
+    assert best < 6, losses  # the premise: validation peaks before the last epoch
+    assert [r["exported"] for r in rows] == ["best_val" if r["epoch"] == best else "" for r in rows]
+    assert f"epoch {best} has the lowest validation loss so far" in run.stdout
+    assert sorted(p.name for p in (tmp_path / "best" / "work").iterdir()) == ["6", "best"]
+
+    prefix = _train(verifier_dir, shards, tmp_path / "prefix", epochs=best + 1, select="last", **kw)
+    assert "lowest validation loss so far" not in prefix.stdout  # select: last keeps nothing beside the checkpoint
+    for name in ("model.safetensors", "config.json"):
+        assert sha256_file(tmp_path / "best" / "out" / name) == sha256_file(tmp_path / "prefix" / "out" / name), name
+    shorter = json.loads((tmp_path / "prefix" / "out" / "metrics.json").read_text())
+    assert [r["exported"] for r in shorter] == [""] * best + ["last"]
+    assert [{**r, "exported": ""} for r in shorter] == [{**r, "exported": ""} for r in rows[: best + 1]]
+
+    # the shorter run's work directory resumed for 7 epochs with best_val (what a process killed right after the best
+    # epoch's checkpoint leaves): the best epoch's weights are kept from that checkpoint before training goes on
+    resumed = _train(verifier_dir, shards, tmp_path / "prefix", epochs=7, select="best_val", **kw)
+    assert f"resuming from epoch {best} checkpoint" in resumed.stdout
+    assert f"epoch {best} has the lowest validation loss so far" in resumed.stdout
+    for name in ("model.safetensors", "config.json"):
+        assert sha256_file(tmp_path / "best" / "out" / name) == sha256_file(tmp_path / "prefix" / "out" / name), name
+    assert json.loads((tmp_path / "prefix" / "out" / "metrics.json").read_text()) == rows
 
 
 @pytest.fixture(scope="module", params=["ddp", "fsdp"])

@@ -303,11 +303,12 @@ def test_epochs_change_reruns_only_the_draft(built):
     assert planned_jobs(built, "--configfile", cfg) == {"draft": 1}
 
 
-def test_the_drafts_start_reruns_only_the_draft_and_naming_its_default_reruns_nothing(built):
-    cfg = variant(built, "init", lambda c: c["draft"].update(init="verifier"))
-    assert planned_jobs(built, "--configfile", cfg) == {"draft": 1}
-    cfg = variant(built, "init_random", lambda c: c["draft"].update(init="random"))
-    assert planned_jobs(built, "--configfile", cfg) == {}
+def test_the_drafts_start_and_exported_epoch_rerun_only_the_draft_and_naming_their_defaults_reruns_nothing(built):
+    for key, value, default in (("init", "verifier", "random"), ("select", "best_val", "last")):
+        cfg = variant(built, key, lambda c, knob={key: value}: c["draft"].update(knob))
+        assert planned_jobs(built, "--configfile", cfg) == {"draft": 1}, key
+        cfg = variant(built, f"{key}_default", lambda c, knob={key: default}: c["draft"].update(knob))
+        assert planned_jobs(built, "--configfile", cfg) == {}, key
 
 
 def test_a_different_verifier_reruns_everything_it_shapes(built):

@@ -8,6 +8,7 @@ import pytest
 from draftpipe.bench.benchmark import (
     compare_rows,
     counters_delta,
+    exported_epoch_line,
     per_prompt_rows,
     predicted_acceptance_length,
     render_report,
@@ -60,6 +61,12 @@ def test_training_accuracies_prefer_validation(tmp_path):
         ]
     ).to_csv(f, index=False)
     assert training_accuracies(str(f)) == ([0.35, 0.15], "val")
+    # draft.select: best_val exported the first epoch: its accuracies predict the served acceptance
+    frame = pd.read_csv(f)
+    frame["exported"] = ["best_val", ""]
+    frame.to_csv(f, index=False)
+    assert training_accuracies(str(f)) == ([0.2, 0.07], "val")
+    assert exported_epoch_line(str(f)) == "exported epoch 1 of 2: the lowest validation loss (draft.select: best_val)"
     pd.DataFrame([{"epoch": 0, "train_full_acc_0": 0.4, "train_full_acc_1": 0.2}]).to_csv(f, index=False)
     assert training_accuracies(str(f)) == ([0.4, 0.2], "train")
 
@@ -143,6 +150,7 @@ def test_report_shows_mismatches_and_prediction_gap():
         "training_prediction": {
             "full_accuracy_per_position": [0.3, 0.1, 0.02],
             "source": "val",
+            "exported": "exported epoch 3 of 3, the last (draft.select: last)",
             "rows": [
                 {
                     "prompt_set": "eval",
@@ -162,3 +170,4 @@ def test_report_shows_mismatches_and_prediction_gap():
         in md
     )
     assert "| eval | 3 | 0.0 | 8 | 1.420 | 1.500 | 0.080 |" in md and "![p](p.png)" in md
+    assert "0.300, 0.100, 0.020. The draft exported epoch 3 of 3, the last (draft.select: last)." in md

@@ -6,9 +6,19 @@ from __future__ import annotations
 import pytest
 
 from draftpipe.checks.spec_decode import acceptance_from_counters
-from draftpipe.stages.draft.checkpoint import TRAINING_STATE, clean_work_dir, latest_checkpoint
+from draftpipe.stages.draft.checkpoint import (
+    BEST,
+    NO_VALIDATION,
+    TRAINING_STATE,
+    best_epoch,
+    clean_work_dir,
+    keep_best,
+    kept_best,
+    latest_checkpoint,
+    selected_checkpoint,
+)
 from draftpipe.stages.draft.export import finalize_config
-from draftpipe.stages.draft.metrics import epoch_metrics
+from draftpipe.stages.draft.metrics import epoch_metrics, exported_row, mark_exported, selection_line
 from draftpipe.stages.draft.settings import settings_from_params
 
 
@@ -105,6 +115,61 @@ def test_latest_checkpoint_ignores_and_cleans_incomplete_saves(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["3", "notes.txt"]
     assert latest_checkpoint(tmp_path / "missing") is None
     assert latest_checkpoint(tmp_path / "4") is None
+
+
+def test_the_best_epoch_is_the_first_with_the_lowest_validation_loss():
+    # speculators' rule (Trainer.maybe_update_best): only a strictly lower loss replaces the best; NaN never counts
+    rows = [{"epoch": 0, "val_loss": 3.0}, {"epoch": 1, "val_loss": 2.5}, {"epoch": 2, "val_loss": 2.5},
+            {"epoch": 3, "val_loss": float("nan")}, {"epoch": 4, "val_loss": 2.75}]  # fmt: skip
+    assert best_epoch(rows) == (1, 2.5)
+    assert best_epoch(list(reversed(rows))) == (1, 2.5)  # by epoch, not by row order
+    assert best_epoch([{"epoch": 0, "train_loss": 1.0}]) is None  # no validation samples
+
+
+def test_the_selected_checkpoint_and_why(tmp_path):
+    rows = [{"epoch": 0, "val_loss": 3.0}, {"epoch": 1, "val_loss": 2.0}, {"epoch": 2, "val_loss": 2.25}]
+    assert selected_checkpoint(tmp_path, 3, rows, "last") == (tmp_path / "2", 2, "last")
+    # best_val: epoch 1, kept in best/ while epoch 2 trained; without it the draft is not exported
+    with pytest.raises(RuntimeError, match=r"epoch 1 has the lowest validation loss, but .*best does not hold it"):
+        selected_checkpoint(tmp_path, 3, rows, "best_val")
+    checkpoint = tmp_path / "1"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"weights of epoch 1")
+    (checkpoint / "config.json").write_text("{}")
+    assert kept_best(tmp_path) is None
+    assert keep_best(checkpoint, tmp_path, 1, 2.0) == tmp_path / BEST
+    assert kept_best(tmp_path) == 1
+    assert (tmp_path / BEST / "model.safetensors").read_bytes() == b"weights of epoch 1"
+    assert selected_checkpoint(tmp_path, 3, rows, "best_val") == (tmp_path / BEST, 1, "best_val")
+    # the best kept is not a checkpoint: cleaning the work directory leaves it
+    assert clean_work_dir(tmp_path) == [checkpoint] and kept_best(tmp_path) == 1
+    # the last epoch is the best: its own checkpoint; no validation: the last
+    rows[2]["val_loss"] = 1.5
+    assert selected_checkpoint(tmp_path, 3, rows, "best_val") == (tmp_path / "2", 2, "best_val")
+    no_val = [{"epoch": 0, "train_loss": 1.0}, {"epoch": 1, "train_loss": 0.5}]
+    assert selected_checkpoint(tmp_path, 2, no_val, "best_val") == (tmp_path / "1", 1, NO_VALIDATION)
+    with pytest.raises(ValueError, match="draft.select: 'first' is not one of last, best_val"):
+        selected_checkpoint(tmp_path, 3, rows, "first")
+
+
+def test_the_exported_epoch_is_marked_and_said():
+    rows = [{"epoch": 0, "val_loss": 3.0}, {"epoch": 1, "val_loss": 2.0}, {"epoch": 2, "val_loss": 2.25}]
+    marked = mark_exported(rows, 1, "best_val")
+    assert [r["exported"] for r in marked] == ["", "best_val", ""]
+    assert exported_row(marked) == (marked[1], "best_val")
+    assert selection_line(marked) == (
+        "exported epoch 2 of 3: the lowest validation loss (draft.select: best_val); the last epoch's is 2.2500"
+    )
+    last = mark_exported(rows, 2, "last")
+    assert selection_line(last) == (
+        "exported epoch 3 of 3, the last (draft.select: last); epoch 2 had the lowest validation loss, 2.0000 "
+        "(draft.select: best_val exports it)"
+    )
+    assert selection_line(rows) == selection_line(last)  # a metrics.csv from before the column: the last epoch
+    assert selection_line(mark_exported(rows[:2], 1, "last")) == "exported epoch 2 of 2, the last (draft.select: last)"
+    assert selection_line(mark_exported([{"epoch": 0}], 0, NO_VALIDATION)) == (
+        "exported epoch 1 of 1, the last: draft.select: best_val found no validation samples"
+    )
 
 
 def test_step_batches_do_not_depend_on_the_world_size():

@@ -98,12 +98,25 @@ def test_the_summary_lines_of_the_jobs(tmp_path):
     assert summary(chat, {"prompts": 1}) == "1 prompts -> 1 samples, 3 tokens generated"
     csv = tmp_path / "metrics.csv"
     csv.write_text("epoch,train_loss,val_loss,train_steps\n0,0.5,0.6,14\n1,0.25,0.375,13\n")
-    assert training_summary(csv) == "2 epoch(s), train loss 0.2500, val loss 0.3750, 27 steps"
+    last = "the last (draft.select: last)"
+    assert (
+        training_summary(csv)
+        == f"2 epoch(s), train loss 0.2500, val loss 0.3750, exported epoch 2 of 2, {last}, 27 steps"
+    )
     csv.write_text("epoch,train_loss,train_steps,loss_impl\n0,0.5,14,fused\n")
-    assert training_summary(csv) == "1 epoch(s), train loss 0.5000, 14 steps, fused loss"
+    assert (
+        training_summary(csv) == f"1 epoch(s), train loss 0.5000, exported epoch 1 of 1, {last}, 14 steps, fused loss"
+    )
     csv.write_text("epoch,train_loss,train_steps,loss_impl\n0,0.5,14,fused\n1,0.4,14,eager-fallback\n")
     assert training_summary(csv) == (
-        "2 epoch(s), train loss 0.4000, 28 steps, eager loss: the fused Triton kernels failed their check (see the log)"
+        f"2 epoch(s), train loss 0.4000, exported epoch 2 of 2, {last}, 28 steps, eager loss: the fused Triton kernels "
+        "failed their check (see the log)"
+    )
+    # draft.select: best_val exported the first epoch: its losses, and the last epoch's validation loss beside them
+    csv.write_text("epoch,train_loss,val_loss,train_steps,exported\n0,0.5,0.3,14,best_val\n1,0.25,0.375,13,\n")
+    assert training_summary(csv) == (
+        "2 epoch(s), train loss 0.5000, val loss 0.3000, exported epoch 1 of 2: the lowest validation loss "
+        "(draft.select: best_val); the last epoch's is 0.3750, 27 steps"
     )
     csv.write_text("\n")
     assert training_summary(csv) == "no epoch trained"

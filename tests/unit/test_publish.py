@@ -82,12 +82,15 @@ BENCH = {
 }  # fmt: skip
 
 
-def card_text(tmp_path, bench=BENCH, base_model="karpathy/tinyllamas", datasets=("ORG/own",)) -> str:
+METRICS = (
+    "epoch,train_loss,val_loss,val_full_acc_0,val_full_acc_1,val_full_acc_2,train_steps\n"
+    "0,8.08,5.95,0.33,0.10,0.03,153\n1,3.02,3.40,0.496,0.271,0.156,156\n"
+)
+
+
+def card_text(tmp_path, bench=BENCH, base_model="karpathy/tinyllamas", datasets=("ORG/own",), rows=METRICS) -> str:
     metrics = tmp_path / "metrics.csv"
-    metrics.write_text(
-        "epoch,train_loss,val_loss,val_full_acc_0,val_full_acc_1,val_full_acc_2,train_steps\n"
-        "0,8.08,5.95,0.33,0.10,0.03,153\n1,3.02,3.40,0.496,0.271,0.156,156\n"
-    )
+    metrics.write_text(rows)
     return render_card(
         draft_config=DRAFT_CONFIG,
         metrics=read_metrics(metrics),
@@ -108,6 +111,20 @@ def card_text(tmp_path, bench=BENCH, base_model="karpathy/tinyllamas", datasets=
     )  # fmt: skip
 
 
+def test_the_card_names_the_exported_epoch_and_gives_its_figures(tmp_path):
+    # draft.select: best_val exported the first of three epochs: its losses and accuracies, and why
+    rows = (
+        "epoch,train_loss,val_loss,val_full_acc_0,val_full_acc_1,val_full_acc_2,train_steps,exported\n"
+        "0,3.5,3.1,0.51,0.28,0.17,150,best_val\n1,3.0,3.2,0.50,0.27,0.16,150,\n2,2.5,3.3,0.49,0.26,0.15,150,\n"
+    )
+    text = card_text(tmp_path, rows=rows)
+    assert (
+        "3 epoch(s), 450 optimizer steps; exported epoch 1 of 3: the lowest validation loss (draft.select: "
+        "best_val); the last epoch's is 3.3000" in text
+    )
+    assert "train loss 3.500, validation loss 3.100" in text and "0.51, 0.28, 0.17" in text
+
+
 def test_the_card_s_metadata_reads_back_as_the_hub_reads_it(tmp_path):
     (tmp_path / "README.md").write_text(card_text(tmp_path))
     card = ModelCard.load(tmp_path / "README.md")
@@ -121,8 +138,8 @@ def test_the_card_s_metadata_reads_back_as_the_hub_reads_it(tmp_path):
     assert "vllm serve karpathy/tinyllamas" in text
     # the benchmark row, the last epoch, the sources (a local file by its name only)
     assert "| eval | 3 | 8 | 0.0 | 2.04 | 0.51 / 0.34 / 0.19 | 1.20x | yes |" in text
-    assert "2 epoch(s), 309 optimizer steps" in text and "validation loss 3.400" in text
-    assert "0.50, 0.27, 0.16" in text
+    assert "2 epoch(s), 309 optimizer steps; exported epoch 2 of 2, the last (draft.select: last)" in text
+    assert "train loss 3.020, validation loss 3.400" in text and "0.50, 0.27, 0.16" in text
     assert "`prompts.jsonl`: 40 kept of 40" in text and "/home/someone" not in text
     assert "`hf://datasets/ORG/own@0123456789ab/train`: 4 kept of 4" in text
     assert "Passed: 0 error(s), 1 warning(s)" in text and "acceptance length 1.95 on 4" in text

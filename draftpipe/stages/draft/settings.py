@@ -35,6 +35,9 @@ class DraftSettings:
     #: packed batches of ``total_seq_len`` tokens per optimizer step (the global batch; the ranks share them, so
     #: their number must divide it): see :mod:`draftpipe.stages.draft.ranks`
     batches_per_step: int = 1
+    #: the epoch exported: ``last`` or ``best_val`` (lowest validation loss):
+    #: :func:`draftpipe.stages.draft.checkpoint.selected_checkpoint`
+    select: str = "last"
     #: quality gate (:func:`draftpipe.core.gates.check_train_samples`), not a param
     min_train_samples: int = 1
     #: speculators' metric loggers (:mod:`draftpipe.stages.draft.loggers`), not a param: they watch, shape nothing

@@ -28,12 +28,16 @@ from draftpipe.core.progress import Progress
 from draftpipe.stages.draft.checkpoint import (
     STATE_FORMAT,
     TRAINING_STATE,
+    best_epoch,
     checkpoint_name,
     clean_work_dir,
+    keep_best,
+    kept_best,
     latest_checkpoint,
     rng_state,
     set_rng_state,
 )
+from draftpipe.stages.draft.metrics import epoch_metrics
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +196,9 @@ class ResumableTrainer(Trainer):
 
     #: the loss implementation (:mod:`draftpipe.stages.draft.loss`), logged with each step when set
     loss_impl: str | None = None
+    #: keep the weights of the epoch with the lowest validation loss in ``<work_dir>/best/`` (``draft.select:
+    #: best_val``: :meth:`keep_best_epoch`)
+    keep_best: bool = False
 
     def setup_trainer(self):
         """Place the trainer, then find the last complete checkpoint (speculators' setup reads the epoch and
@@ -269,6 +276,25 @@ class ResumableTrainer(Trainer):
         _barrier()
         log.info("saved epoch %d%s checkpoint %s", epoch, f" step {local_step}" if local_step else "", final)
         return final
+
+    def keep_best_epoch(self) -> None:
+        """Rank 0, after an end-of-epoch checkpoint and on resume: when the latest checkpoint ends the epoch with
+        the lowest validation loss so far (:func:`draftpipe.stages.draft.checkpoint.best_epoch`, speculators'
+        rule) and ``best/`` does not hold it yet, copy its weights there
+        (:func:`draftpipe.stages.draft.checkpoint.keep_best`). A later epoch's checkpoint is only written after
+        this, so the best epoch's weights are never lost, whenever the process is killed."""
+        if current_rank() != 0:
+            return
+        root = self.checkpointer.path
+        found = latest_checkpoint(root)
+        if found is None or found[1].name != checkpoint_name(found[0]):
+            return  # none yet, or part-way through an epoch: nothing validated since the last end of epoch
+        best = best_epoch(epoch_metrics(self.metric_records))
+        if best is None or best[0] != found[0] or kept_best(root) == found[0]:
+            return
+        keep_best(found[1], root, *best)
+        log.info("epoch %d has the lowest validation loss so far (%.6f): its weights kept in %s", best[0], best[1],
+                 root / "best")  # fmt: skip
 
     def _bare_model(self):
         return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
@@ -400,6 +426,8 @@ class ResumableTrainer(Trainer):
                 n_epochs - self.current_epoch,
                 n_epochs,
             )
+            if self.keep_best:  # a process killed between the last checkpoint and its copy
+                self.keep_best_epoch()
         else:
             log.info("no checkpoint in %s; training %d epochs from the start", ckpt.path, n_epochs)
         collector = self._collector = MetricsCollector()
@@ -413,6 +441,8 @@ class ResumableTrainer(Trainer):
                     self.val_epoch(epoch)
                 self.metric_records.extend(collector.take())
                 self.save_epoch_checkpoint(epoch)
+                if self.keep_best:
+                    self.keep_best_epoch()
         finally:
             metric_logger.removeHandler(collector)
 

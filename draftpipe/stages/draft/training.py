@@ -39,11 +39,11 @@ from draftpipe.formats.chat import common_template
 from draftpipe.formats.hidden_states import read_shard_metadata, shards_aux_layer_ids
 from draftpipe.formats.vocab import read_maps
 from draftpipe.stages.draft import attention, data
-from draftpipe.stages.draft.checkpoint import TRAINING_STATE
+from draftpipe.stages.draft.checkpoint import TRAINING_STATE, selected_checkpoint
 from draftpipe.stages.draft.data import ShardDataset, accounting_line, packed_loader
 from draftpipe.stages.draft.loggers import close_loggers, open_loggers
 from draftpipe.stages.draft.loss import training_loss
-from draftpipe.stages.draft.metrics import epoch_metrics
+from draftpipe.stages.draft.metrics import epoch_metrics, mark_exported
 from draftpipe.stages.draft.ranks import check_batches_per_step, init_ranks, launch
 from draftpipe.stages.draft.settings import DraftSettings
 from draftpipe.stages.draft.stream import Spool, StreamDataset, StreamSettings, plan_units, split_devices
@@ -121,7 +121,13 @@ def train_draft(
     loggers: tuple[str, ...] = (),
     log_dir: str | None = None,
 ) -> tuple[Path, list[dict]]:
-    """Train the draft; return the directory of the final epoch's checkpoint and the per-epoch metrics.
+    """Train the draft; return the directory of the checkpoint to export and the per-epoch metrics, the exported
+    epoch's row marked with why it was chosen (``exported``: :func:`draftpipe.stages.draft.metrics.mark_exported`).
+
+    ``s.select`` (``draft.select``) chooses the exported epoch: ``last``, or ``best_val``, the epoch with the lowest
+    validation loss (speculators' rule; its weights are kept in ``<work_dir>/best/`` while later epochs train,
+    resumes included: :meth:`draftpipe.stages.draft.trainer.ResumableTrainer.keep_best_epoch`); the last epoch
+    when there is no validation sample.
 
     Training state lives in ``work_dir``: one exact checkpoint, ``<epoch>/`` at the end of an epoch or
     ``<epoch>-step<k>/`` after ``k`` steps of it (see the module docstring). ``checkpoints_per_epoch`` > 1 also saves
@@ -189,9 +195,15 @@ def _launch_ranks(job: dict, fsdp: bool, ranks: int, threads: int | None, nodes:
     spec = {**job, "verifier_dir": str(job["verifier_dir"]), "shards": [str(p) for p in job["shards"]],
             "vocab_maps": str(job["vocab_maps"]), "work_dir": str(work_dir), "s": asdict(s), "fsdp": fsdp}  # fmt: skip
     launch(ranks, {"entry": f"{__name__}:train_rank", **spec}, Path(str(work_dir) + ".launch.json"), threads, nodes)
-    final = work_dir / str(s.epochs - 1)
-    state = torch.load(final / TRAINING_STATE, map_location="cpu", weights_only=True)
-    return final, epoch_metrics(state["metrics"])
+    state = torch.load(work_dir / str(s.epochs - 1) / TRAINING_STATE, map_location="cpu", weights_only=True)
+    return exported(work_dir, s, epoch_metrics(state["metrics"]))
+
+
+def exported(work_dir, s: DraftSettings, rows: list[dict]) -> tuple[Path, list[dict]]:
+    """The checkpoint ``s.select`` exports (:func:`draftpipe.stages.draft.checkpoint.selected_checkpoint`) and
+    ``rows`` with its epoch marked."""
+    checkpoint, epoch, why = selected_checkpoint(work_dir, s.epochs, rows, s.select)
+    return checkpoint, mark_exported(rows, epoch, why)
 
 
 def _train_streamed(job: dict, threads: int | None, stream: StreamSettings):
@@ -298,6 +310,7 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
     )
     trainer = ResumableTrainer(model, cfg, train_loader, val_loader)
     trainer.loss_impl = loss.implementation  # logged with every step: metrics.csv's loss_impl column
+    trainer.keep_best = s.select == "best_val" and val_loader is not None
     if spool is not None:  # the steps still to train, from the resume point the trainer found
         samplers = [ld.batch_sampler if ld is not None else None for ld in (train_loader, val_loader)]
         spool.publish(
@@ -308,4 +321,7 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
         trainer.run_training()
     finally:
         close_loggers(handlers)
-    return Path(work_dir) / str(s.epochs - 1), epoch_metrics(trainer.metric_records)
+    rows = epoch_metrics(trainer.metric_records)
+    if rank != 0:  # rank 0 keeps the best epoch and exports; the others' result is not used
+        return Path(work_dir) / str(s.epochs - 1), rows
+    return exported(work_dir, s, rows)
