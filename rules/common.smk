@@ -21,6 +21,7 @@ from draftpipe.workflow.fingerprint import NoTrainingPromptsError, prompt_finger
 from draftpipe.workflow.parse import configured_verifier, live_check, print_plan, quarantine_corrupt_shards
 from draftpipe.workflow.parse import rendering, verifier_dir
 from draftpipe.workflow.plan import DiskSpaceError, check_budget, check_disk
+from draftpipe.workflow.draft import shaping_draft_settings
 from draftpipe.workflow.settings import job_settings
 from draftpipe.workflow.storage import check_storage
 
@@ -129,11 +130,8 @@ def served_summary(wildcards=None):
 
 
 def draft_params():
-    """The draft rule's param `draft`: the `draft` section without the quality gate `min_train_samples` and the
-    metric `loggers` (they shape nothing: untracked) and without `init` and `select` at their defaults (so a draft
-    built before those knobs existed is not retrained)."""
-    untracked, defaults = ("min_train_samples", "loggers"), {"init": "random", "select": "last"}
-    return canon({k: v for k, v in config["draft"].items() if k not in untracked and defaults.get(k, object()) != v})
+    """The draft rule's param `draft`: what shapes the draft (draftpipe.workflow.draft.shaping_draft_settings)."""
+    return canon(shaping_draft_settings(config["draft"]))
 
 
 def stream_params():

@@ -48,8 +48,8 @@ def pytest_configure(config):
 #: last minutes). A wrong value costs balance between the workers, never a result.
 MODULE_SECONDS = {
     "e2e/test_faults.py": 841,
-    "e2e/test_pipeline.py": 629,
-    "e2e/test_draft_training.py": 620,
+    "e2e/test_pipeline.py": 720,
+    "e2e/test_draft_training.py": 685,
     "e2e/test_streaming.py": 380,
     "e2e/test_slurm.py": 379,
     "e2e/test_architectures.py": 341,

@@ -28,7 +28,7 @@ from typing import Any
 
 from draftpipe.checks.spec_decode import acceptance_from_counters, snapshot
 from draftpipe.core.io import atomic_path
-from draftpipe.inference.engine import engine_in_process, engine_kwargs
+from draftpipe.inference.engine import engine_in_process, engine_kwargs, speculative_config
 from draftpipe.stages.draft.metrics import exported_row, selection_line
 
 
@@ -176,7 +176,7 @@ def run_engine(
 
     extra: dict[str, Any] = dict(engine or {})
     if draft:
-        extra["speculative_config"] = {"method": "eagle3", "model": draft, "num_speculative_tokens": k}
+        extra["speculative_config"] = speculative_config(draft, k)
         extra["per_request_spec_decode_metrics"] = "summary"
     kwargs = engine_kwargs(verifier, dtype=dtype, max_model_len=max_model_len, seed=seed, extra=extra)
     engine_in_process(kwargs)
@@ -367,8 +367,8 @@ def benchmark(
         },
         "results": results,
     }
-    if metrics_csv:
-        acc, source = training_accuracies(metrics_csv)
+    acc, source = training_accuracies(metrics_csv) if metrics_csv else ([], "none")
+    if acc:  # EAGLE-3's full accuracy per TTT step (a DFlash draft's metrics have none)
         pred = []
         for r in results:
             p = predicted_acceptance_length(acc, r["num_speculative_tokens"])

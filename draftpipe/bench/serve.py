@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftpipe.inference.engine import engine_kwargs
+from draftpipe.inference.engine import engine_kwargs, speculative_config
 from draftpipe.runtime.job import die_with_parent
 
 #: The percentiles kept of each latency (vLLM's ``--metric-percentiles``).
@@ -124,11 +124,7 @@ def server_command(
     ``False`` left out, a dict as JSON), so the server runs the engine the offline benchmark runs."""
     extra = dict(engine or {})
     if draft:
-        extra["speculative_config"] = {
-            "method": "eagle3",
-            "model": draft,
-            "num_speculative_tokens": num_speculative_tokens,
-        }
+        extra["speculative_config"] = speculative_config(draft, num_speculative_tokens)
     kwargs = engine_kwargs(verifier, dtype=dtype, max_model_len=max_model_len, seed=seed, extra=extra)
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", host, "--port", str(port)]
     for key, value in kwargs.items():

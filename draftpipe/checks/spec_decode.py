@@ -21,7 +21,7 @@ from typing import Any
 
 from draftpipe.core.io import read_jsonl, write_json
 from draftpipe.formats.chat import encode_prompt
-from draftpipe.inference.engine import engine_in_process, engine_kwargs
+from draftpipe.inference.engine import engine_in_process, engine_kwargs, speculative_config
 
 
 def acceptance_from_counters(
@@ -83,7 +83,8 @@ def generate(
     draft: str | None = None,
     num_speculative_tokens: int = 3,
 ) -> dict:
-    """Greedy (temperature 0) generation with the verifier alone, or with the EAGLE-3 draft.
+    """Greedy (temperature 0) generation with the verifier alone, or with the draft (its method from its config:
+    :func:`draftpipe.inference.engine.speculative_config`).
 
     Returns:
         ``{"token_ids": [[int]], "spec": dict | None}``; ``spec`` holds the acceptance figures when a draft ran.
@@ -92,11 +93,7 @@ def generate(
 
     extra = {}
     if draft:
-        extra["speculative_config"] = {
-            "method": "eagle3",
-            "model": draft,
-            "num_speculative_tokens": num_speculative_tokens,
-        }
+        extra["speculative_config"] = speculative_config(draft, num_speculative_tokens)
     kwargs = engine_kwargs(verifier, dtype=dtype, max_model_len=max_model_len, seed=0, extra=extra)
     engine_in_process(kwargs)
     llm = LLM(**kwargs)

@@ -6,7 +6,9 @@ vLLM itself is imported only inside the functions (this module is safe to import
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 from draftpipe.formats.hidden_states import ENGINE_DTYPE_BYTES
@@ -227,6 +229,28 @@ def open_engine(
     )
     engine_in_process(kwargs)
     return LLM(**kwargs)
+
+
+#: the draft methods vLLM serves from speculators' ``speculators_model_type`` (vLLM's ``speculative_config.method``)
+SPECULATIVE_METHODS = {"eagle3": "eagle3", "dflash": "dflash"}
+
+
+def speculative_config(draft: str, num_speculative_tokens: int) -> dict:
+    """vLLM's ``speculative_config`` for a speculators-format draft directory: the method from its ``config.json``
+    (``speculators_model_type``: ``eagle3`` or ``dflash``; an unreadable config or no type: ``eagle3``), the
+    directory and ``num_speculative_tokens`` (a DFlash draft proposes up to ``block_size - 1`` tokens per step).
+
+    Raises:
+        ValueError: a ``speculators_model_type`` vLLM is not asked to serve here, naming the file.
+    """
+    path = Path(draft) / "config.json"
+    try:
+        kind = json.loads(path.read_text()).get("speculators_model_type") or "eagle3"
+    except (OSError, ValueError, AttributeError):
+        kind = "eagle3"
+    if kind not in SPECULATIVE_METHODS:
+        raise ValueError(f"{path}: speculators_model_type {kind!r} is not one of {', '.join(SPECULATIVE_METHODS)}")
+    return {"method": SPECULATIVE_METHODS[kind], "model": draft, "num_speculative_tokens": num_speculative_tokens}
 
 
 def speculative_dtype(dtype: str) -> str:

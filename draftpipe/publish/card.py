@@ -4,16 +4,25 @@ how often its tokens are accepted."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from draftpipe.stages.draft.metrics import exported_row, selection_line
 
-#: tags every draft's card carries (the Hub's speculator cards use the first four)
+#: tags every draft's card carries (the Hub's speculator cards use the first four), the method's (``eagle3``,
+#: ``dflash``) in second place
 BASE_TAGS = ("speculative-decoding", "eagle3", "speculators", "vllm", "draftpipe")
+
+#: how the card names each method
+METHOD_NAMES = {"eagle3": "EAGLE-3", "dflash": "DFlash"}
 
 
 def card_metadata(
-    base_model: str | None, license: str | None, datasets: list[str], tags: list[str] | tuple[str, ...] = ()
+    base_model: str | None,
+    license: str | None,
+    datasets: list[str],
+    tags: list[str] | tuple[str, ...] = (),
+    method: str = "eagle3",
 ) -> dict:
     """The card's YAML metadata as a dict of the Hub's model-card keys (absent keys are left out).
 
@@ -22,6 +31,7 @@ def card_metadata(
         license: a Hub licence id (``mit``, ``apache-2.0``, ``other``), or None.
         datasets: Hub dataset ids the prompts came from.
         tags: added to :data:`BASE_TAGS` (order kept, no repeats).
+        method: the draft's method (its ``speculators_model_type``), the second tag in place of ``eagle3``.
     """
     from huggingface_hub import ModelCardData
 
@@ -31,7 +41,7 @@ def card_metadata(
         library_name="vllm",
         pipeline_tag="text-generation",
         datasets=list(datasets) or None,
-        tags=list(dict.fromkeys([*BASE_TAGS, *tags])),
+        tags=list(dict.fromkeys([BASE_TAGS[0], method, *BASE_TAGS[2:], *tags])),
     )
     return data.to_dict()
 
@@ -87,7 +97,7 @@ def render_card(
     """
     from huggingface_hub import ModelCard, ModelCardData
 
-    meta = card_metadata(base_model, license, datasets, tags)
+    meta = card_metadata(base_model, license, datasets, tags, draft_config.get("speculators_model_type") or "eagle3")
     lines = [f"# {title}", "", *_usage_lines(draft_config, verifier, linked=bool(base_model))]
     lines += _data_lines(prompt_stats, completion_stats, sampling)
     lines += _training_lines(metrics) + _compat_lines(compat) + _bench_lines(bench)
@@ -101,10 +111,18 @@ def _usage_lines(draft_config: dict, verifier: str, linked: bool) -> list[str]:
     methods = (draft_config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     k = methods[0].get("speculative_tokens", 3)
     vocab = draft_config.get("draft_vocab_size") or layer.get("vocab_size")
-    aux = draft_config.get("eagle_aux_hidden_state_layer_ids")
+    method = draft_config.get("speculators_model_type") or "eagle3"
+    aux = draft_config.get("eagle_aux_hidden_state_layer_ids" if method == "eagle3" else "aux_hidden_state_layer_ids")
     name = f"[{verifier}](https://huggingface.co/{verifier})" if linked else f"the verifier `{verifier}`"
+    block = (
+        f" (a block of {draft_config.get('block_size', '?')}: {k} token(s) proposed in one pass)"
+        if method == "dflash"
+        else ""
+    )
+    article = "An" if METHOD_NAMES.get(method, method)[0] in "AEIOU" else "A"
     return [
-        f"An EAGLE-3 draft for {name} in the speculators format: {layer.get('num_hidden_layers', '?')} decoder "
+        f"{article} {METHOD_NAMES.get(method, method)} draft{block} for {name} in the speculators format: "
+        f"{layer.get('num_hidden_layers', '?')} decoder "
         f"layer(s), hidden size {layer.get('hidden_size', '?')}, head_dim {layer.get('head_dim', '?')}, a draft "
         f"vocabulary of {vocab} of the verifier's {layer.get('vocab_size', '?')} tokens (d2t/t2d), aux hidden states "
         f"of layers {aux}. Built by draftpipe: the verifier regenerated every answer it was trained on.",
@@ -114,7 +132,7 @@ def _usage_lines(draft_config: dict, verifier: str, linked: bool) -> list[str]:
         "```bash",
         f"vllm serve {verifier} \\",
         f'  --speculative-config \'{{"model": "<this repository>", "num_speculative_tokens": {k}, '
-        '"method": "eagle3"}\'',
+        f'"method": "{method}"}}\'',
         "```",
     ]
 
@@ -141,12 +159,21 @@ def _data_lines(prompt_stats: dict, completion_stats: dict, sampling: dict) -> l
 
 def _training_lines(metrics: list[dict]) -> list[str]:
     """Epochs, steps, the exported epoch (which and why: ``draft.select``), its losses and validation accuracy per
-    TTT step."""
+    TTT step (EAGLE-3) or per block position with the expected accepted length (DFlash: ``val_position_<i>_acc``,
+    ``val_eal``)."""
     if not metrics:
         return []
     row, _ = exported_row(metrics)
     steps = sorted((key[len("val_full_acc_") :] for key in row if key.startswith("val_full_acc_")), key=int)
     acc = ", ".join(_fmt(row.get(f"val_full_acc_{s}")) for s in steps)
+    line = f"- Validation accuracy of the draft's token at each TTT step (all earlier ones right): {acc or 'n/a'}"
+    if row.get("val_eal") is not None and not steps:
+        slots = sorted(int(k.split("_")[2]) for k in row if re.fullmatch(r"val_position_\d+_acc", k))
+        acc = ", ".join(_fmt(row.get(f"val_position_{i}_acc")) for i in slots)
+        line = (
+            f"- Validation accuracy at each position of a block: {acc or 'n/a'}; expected accepted length "
+            f"{_fmt(row.get('val_eal'))}"
+        )
     return [
         "",
         "## Training",
@@ -155,20 +182,21 @@ def _training_lines(metrics: list[dict]) -> list[str]:
         f"{selection_line(metrics)}",
         f"- The exported epoch's train loss {_fmt(row.get('train_loss'), 3)}, validation loss "
         f"{_fmt(row.get('val_loss'), 3)}",
-        f"- Validation accuracy of the draft's token at each TTT step (all earlier ones right): {acc or 'n/a'}",
+        line,
     ]
 
 
 def _compat_lines(compat: dict) -> list[str]:
     """The compatibility report's verdict and its live vLLM check."""
     counts = compat.get("counts") or {}
+    loader = "DFlash" if "dflash" in (compat.get("format") or "") else "EAGLE-3"
     live = compat.get("live") or {}
     lines = [
         "",
         "## Compatibility with vLLM",
         "",
         f"- {'Passed' if compat.get('ok') else 'FAILED'}: {counts.get('error', 0)} error(s), "
-        f"{counts.get('warning', 0)} warning(s) from the check against vLLM's EAGLE-3 loader.",
+        f"{counts.get('warning', 0)} warning(s) from the check against vLLM's {loader} loader.",
     ]
     if "acceptance_length" in live:
         lines.append(

@@ -27,6 +27,7 @@ from draftpipe.formats.verifier import (
     load_verifier_config,
     resolve_gguf_head_dim,
 )
+from draftpipe.workflow.draft import check_method
 from draftpipe.workflow.errors import ConfigError
 from draftpipe.workflow.sources import check_sources
 
@@ -562,6 +563,7 @@ def check_config(config: dict, resolved: dict) -> dict[str, Any]:
     vd = config["vocab"].get("draft_vocab_size") or shape["vocab_size"]
     if vd > shape["vocab_size"]:
         raise ConfigError(f"vocab.draft_vocab_size: {vd} exceeds the verifier's vocabulary of {shape['vocab_size']}")
+    check_method(config, shape["vocab_size"])
     return {"aux_layer_ids": aux, "draft_vocab_size": vd, **shape, **({"gguf": gguf} if gguf else {})}
 
 

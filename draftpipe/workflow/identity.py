@@ -114,9 +114,11 @@ def verifier_name(resolved: dict) -> str:
 
 
 def report_title(config: dict, resolved: dict) -> str:
-    """``bench.report.title``, or when null ``EAGLE-3 draft for <verifier_name> in vLLM``."""
+    """``bench.report.title``, or when null ``<method> draft for <verifier_name> in vLLM`` (``EAGLE-3``, or
+    ``DFlash`` with ``draft.method: dflash``)."""
     title = ((config.get("bench") or {}).get("report") or {}).get("title")
-    return title if title else f"EAGLE-3 draft for {verifier_name(resolved)} in vLLM"
+    method = "DFlash" if (config.get("draft") or {}).get("method") == "dflash" else "EAGLE-3"
+    return title if title else f"{method} draft for {verifier_name(resolved)} in vLLM"
 
 
 def verifier_hub_id(resolved: dict, config: dict) -> str | None:

@@ -29,12 +29,13 @@ import torch
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
 torch.set_num_threads(1)
 from draftpipe.stages.draft.export import export_draft
-from draftpipe.stages.draft.settings import DraftSettings
+from draftpipe.stages.draft.settings import DFlashSettings, DraftSettings
 from draftpipe.stages.draft.training import train_draft
 verifier, shards, maps, work, out, epochs, per_epoch, ranks, per_step, fsdp, loss, ttt, workers, loggers = sys.argv[1:15]
-lr, schedule, select = sys.argv[15:18]
+lr, schedule, select, method = sys.argv[15:19]
 settings = DraftSettings(epochs=int(epochs), lr=float(lr), total_seq_len=256, val_every=5, seed=0,
-                         batches_per_step=int(per_step), ttt_steps=int(ttt), scheduler_type=schedule, select=select)
+                         batches_per_step=int(per_step), ttt_steps=int(ttt), scheduler_type=schedule, select=select,
+                         method=method, dflash=DFlashSettings(block_size=4, max_anchors=64))
 checkpoint, rows = train_draft(verifier, shards.split(","), maps, work, settings, checkpoints_per_epoch=int(per_epoch),
                                ranks=int(ranks), threads=2, fsdp=fsdp == "fsdp", loss_implementation=loss,
                                loader_workers=None if workers == "auto" else int(workers),
@@ -95,6 +96,7 @@ def _train_cmd(
     lr=3e-3,
     schedule="linear",
     select="last",
+    method="eagle3",
 ):
     paths, maps = shards
     out.mkdir(parents=True, exist_ok=True)
@@ -119,6 +121,7 @@ def _train_cmd(
         str(lr),
         schedule,
         select,
+        method,
     ]
 
 
@@ -287,6 +290,35 @@ def test_best_val_exports_the_epoch_with_the_lowest_validation_loss_and_keeps_it
     for name in ("model.safetensors", "config.json"):
         assert sha256_file(tmp_path / "best" / "out" / name) == sha256_file(tmp_path / "prefix" / "out" / name), name
     assert json.loads((tmp_path / "prefix" / "out" / "metrics.json").read_text()) == rows
+
+
+def test_a_dflash_draft_trains_passes_the_checker_and_is_served_by_vllm(verifier_dir, shards, tmp_path):
+    # draft.method: dflash on the same shards and vocab maps: speculators' DFlash model (block 4) trains, and the
+    # export is a draft vLLM's CPU build serves with the verifier (method dflash, the block's 3 tokens per step),
+    # token for token the verifier's own text, its drafts counted
+    from draftpipe.checks.compat.checker import check
+    from draftpipe.checks.compat.live import live_check
+
+    _train(verifier_dir, shards, tmp_path, epochs=2, method="dflash")
+    out = tmp_path / "out"
+    rows = json.loads((out / "metrics.json").read_text())
+    assert [r["epoch"] for r in rows] == [0, 1] and rows[1]["val_loss"] < rows[0]["val_loss"]
+    assert {"val_eal", "val_position_1_acc", "val_position_3_acc"} <= set(rows[1]) and "val_loss_0" not in rows[1]
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "dflash" and config["block_size"] == 4
+    report = check(out, verifier_dir, expect={"aux_layer_ids": AUX, "draft_vocab_size": 256})
+    assert report.ok, report.findings
+    from transformers import AutoTokenizer
+
+    from draftpipe.core.io import read_jsonl
+
+    tok = AutoTokenizer.from_pretrained(str(verifier_dir))
+    prompts = [tok(r["prompt"])["input_ids"][:12] for r in read_jsonl(TINYSTORIES)[:4]]
+    live = live_check(str(out), str(verifier_dir), prompts, max_tokens=24, max_model_len=512)
+    assert "error" not in live, live.get("error", "")[-3000:]
+    assert live["identical"] and live["num_drafts"] > 0
+    assert live["num_draft_tokens"] == 3 * live["num_drafts"]
+    assert 1.0 <= live["acceptance_length"] <= 4.0
 
 
 @pytest.fixture(scope="module", params=["ddp", "fsdp"])

@@ -122,7 +122,7 @@ def test_each_job_prints_a_summary_line_and_logs_its_progress(built):
     metrics = pd.read_csv(r / "draft/metrics.csv")
     assert (
         f"draft: 4 epoch(s), train loss {metrics['train_loss'].iloc[-1]:.4f}, val loss {metrics['val_loss'].iloc[-1]:.4f}, "
-        f"{int(metrics['train_steps'].sum())} steps, eager loss"
+        f"exported epoch 4 of 4, the last (draft.select: last), {int(metrics['train_steps'].sum())} steps, eager loss"
     ) in console
     assert set(metrics["loss_impl"]) == {"eager"}  # a CPU trains with speculators' eager loss
     log = (r / "logs/draft.log").read_text()
@@ -303,12 +303,19 @@ def test_epochs_change_reruns_only_the_draft(built):
     assert planned_jobs(built, "--configfile", cfg) == {"draft": 1}
 
 
-def test_the_drafts_start_and_exported_epoch_rerun_only_the_draft_and_naming_their_defaults_reruns_nothing(built):
-    for key, value, default in (("init", "verifier", "random"), ("select", "best_val", "last")):
+def test_the_drafts_start_exported_epoch_and_method_rerun_only_the_draft_and_naming_their_defaults_nothing(built):
+    for key, value, default in (
+        ("init", "verifier", "random"),
+        ("select", "best_val", "last"),
+        ("method", "dflash", "eagle3"),
+    ):
         cfg = variant(built, key, lambda c, knob={key: value}: c["draft"].update(knob))
         assert planned_jobs(built, "--configfile", cfg) == {"draft": 1}, key
         cfg = variant(built, f"{key}_default", lambda c, knob={key: default}: c["draft"].update(knob))
         assert planned_jobs(built, "--configfile", cfg) == {}, key
+    # DFlash's own knobs shape no EAGLE-3 draft (the other way round: tests/unit/test_methods.py)
+    cfg = variant(built, "dflash_block", lambda c: c["draft"].update(dflash={"block_size": 4, "max_anchors": 8}))
+    assert planned_jobs(built, "--configfile", cfg) == {}
 
 
 def test_a_different_verifier_reruns_everything_it_shapes(built):
@@ -559,6 +566,27 @@ def test_compat_report_on_the_default_draft_is_clean(benched, tmp_path):
         "draft": 1,
         "compat_report": 1,
     }
+
+
+def test_a_dflash_draft_of_the_default_trains_and_passes_the_report_s_checks_in_vllm(benched, tmp_path):
+    # draft.method: dflash (a block of 4, one epoch) on the session build's shards and vocab maps: only the draft
+    # and the report rerun, the report passes the DFlash loader's rules and vLLM serves the draft (method dflash,
+    # the block's 3 tokens per step), token for token the verifier's text
+    built = copy_build(benched, tmp_path / "wf")
+    cfg = variant(built, "dflash", lambda c: c["draft"].update(method="dflash", epochs=1, dflash={"block_size": 4}))
+    assert planned_jobs(built, "--configfile", cfg, target="results/report/compat.json") == {
+        "draft": 1,
+        "compat_report": 1,
+    }
+    snakemake(built, "results/report/compat.json", "--configfile", cfg)
+    assert "draft: 1 epoch(s)" in (built / "results/logs/draft.log").read_text()
+    config = json.loads((built / "results/draft/config.json").read_text())
+    assert config["speculators_model_type"] == "dflash" and config["aux_hidden_state_layer_ids"] == [1, 2, 4]
+    report = json.loads((built / "results/report/compat.json").read_text())
+    assert report["ok"] and report["format"] == "speculators (dflash)" and report["counts"]["error"] == 0
+    live = report["live"]
+    assert live["identical"] and live["num_drafts"] > 0 and live["num_draft_tokens"] == 3 * live["num_drafts"]
+    assert (built / "results/report/compat.md").read_text().startswith("# DFlash compatibility report: PASS")
 
 
 def test_vllm_benchmark_and_what_reruns_it(benched, tmp_path):

@@ -157,5 +157,7 @@ def test_the_report_title_names_the_configured_verifier():
     assert report_title(cfg, {"kind": "hub", "id": "moonshotai/Kimi-K2.5"}) == (
         "EAGLE-3 draft for moonshotai/Kimi-K2.5 in vLLM"
     )
+    dflash = {**cfg, "draft": {"method": "dflash"}}
+    assert report_title(dflash, {"kind": "local", "path": "/models/Qwen3-8B"}) == "DFlash draft for Qwen3-8B in vLLM"
     cfg["bench"]["report"]["title"] = "Mine"
     assert report_title(cfg, {"kind": "hub", "id": "x/y"}) == "Mine"

@@ -88,17 +88,25 @@ METRICS = (
 )
 
 
-def card_text(tmp_path, bench=BENCH, base_model="karpathy/tinyllamas", datasets=("ORG/own",), rows=METRICS) -> str:
+def card_text(
+    tmp_path,
+    bench=BENCH,
+    base_model="karpathy/tinyllamas",
+    datasets=("ORG/own",),
+    rows=METRICS,
+    draft=DRAFT_CONFIG,
+    compat_format="speculators",
+) -> str:
     metrics = tmp_path / "metrics.csv"
     metrics.write_text(rows)
     return render_card(
-        draft_config=DRAFT_CONFIG,
+        draft_config=draft,
         metrics=read_metrics(metrics),
         prompt_stats={"read": 44, "kept": 44, "train": 30, "eval": 14, "per_source": {
             "/home/someone/data/prompts.jsonl": {"read": 40, "kept": 40},
             "hf://datasets/ORG/own@0123456789ab/train": {"read": 4, "kept": 4}}},
         completion_stats={"prompts": 30, "rows": 180, "truncated": 76},
-        compat={"ok": True, "counts": {"error": 0, "warning": 1}, "live": {"acceptance_length": 1.95,
+        compat={"ok": True, "format": compat_format, "counts": {"error": 0, "warning": 1}, "live": {"acceptance_length": 1.95,
                 "num_prompts": 4, "identical": True}},
         bench=bench,
         verifier=base_model or "stories260K",
@@ -123,6 +131,32 @@ def test_the_card_names_the_exported_epoch_and_gives_its_figures(tmp_path):
         "best_val); the last epoch's is 3.3000" in text
     )
     assert "train loss 3.500, validation loss 3.100" in text and "0.51, 0.28, 0.17" in text
+
+
+def test_a_dflash_draft_s_card_names_its_method_block_and_block_accuracies(tmp_path):
+    draft = {
+        **DRAFT_CONFIG,
+        "speculators_model_type": "dflash",
+        "block_size": 4,
+        "aux_hidden_state_layer_ids": [1, 2, 4],
+    }
+    del draft["eagle_aux_hidden_state_layer_ids"]
+    rows = (
+        "epoch,train_loss,val_loss,val_full_acc,val_position_1_acc,val_position_2_acc,val_position_3_acc,val_eal,"
+        "train_steps\n0,2.5,2.4,0.09,0.15,0.08,0.05,1.17,150\n"
+    )
+    (tmp_path / "README.md").write_text(
+        card_text(tmp_path, rows=rows, draft=draft, compat_format="speculators (dflash)")
+    )
+    card = ModelCard.load(tmp_path / "README.md")
+    assert card.data.tags[:5] == ["speculative-decoding", "dflash", "speculators", "vllm", "draftpipe"]
+    text = card.text
+    assert "A DFlash draft (a block of 4: 3 token(s) proposed in one pass) for [karpathy/tinyllamas]" in text
+    assert (
+        "aux hidden states of layers [1, 2, 4]" in text and '"num_speculative_tokens": 3, "method": "dflash"}' in text
+    )
+    assert "Validation accuracy at each position of a block: 0.15, 0.08, 0.05; expected accepted length 1.17" in text
+    assert "check against vLLM's DFlash loader" in text
 
 
 def test_the_card_s_metadata_reads_back_as_the_hub_reads_it(tmp_path):

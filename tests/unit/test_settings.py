@@ -15,16 +15,24 @@ def schema() -> dict:
     return yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
 
 
-def test_draft_settings_defaults_are_the_schemas():
-    props = schema()["properties"]["draft"]["properties"]
-    fields = {f.name: f for f in dataclasses.fields(DraftSettings) if f.name != "extra"}
+def _differ(props: dict, cls) -> dict:
+    """``{field: (schema default, dataclass default)}`` where they differ; a section of its own (``draft.dflash``,
+    schema default ``{}``) compared key by key with its settings class."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
     assert sorted(props) == sorted(fields)
-    differ = {
-        name: (props[name].get("default"), f.default)
-        for name, f in fields.items()
-        if props[name].get("default") != (list(f.default) if isinstance(f.default, tuple) else f.default)
-    }
-    assert differ == {}
+    differ = {}
+    for name, f in fields.items():
+        if "properties" in props[name]:
+            assert props[name].get("default") == {}, name
+            nested = _differ(props[name]["properties"], type(f.default_factory()))
+            differ.update({f"{name}.{key}": pair for key, pair in nested.items()})
+        elif props[name].get("default") != (list(f.default) if isinstance(f.default, tuple) else f.default):
+            differ[name] = (props[name].get("default"), f.default)
+    return differ
+
+
+def test_draft_settings_defaults_are_the_schemas():
+    assert _differ(schema()["properties"]["draft"]["properties"], DraftSettings) == {}
 
 
 def test_a_config_that_names_nothing_gets_every_default():

@@ -1,11 +1,12 @@
 """The check of a draft directory against vLLM's EAGLE-3 loader and the verifier: format, config, tensors, aux
-layer ids (:func:`check`)."""
+layer ids (:func:`check`); a DFlash draft against vLLM's DFlash loader (:mod:`draftpipe.checks.compat.dflash`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from draftpipe.checks.compat.dflash import check_dflash
 from draftpipe.checks.compat.effective import QWEN3_EAGLE3, REGISTERED_EAGLE3, detect_format, effective, model_config
 from draftpipe.checks.compat.fields import SHAPE_FIELDS, VERIFIER_FIELDS, typed_config, typed_fields, typed_tensors
 from draftpipe.checks.compat.reading import load_checkpoint, verifier_text_config
@@ -15,7 +16,8 @@ from draftpipe.formats.hidden_states import vllm_default_aux_layer_ids
 
 
 def check(draft_dir: str | Path, verifier: str | Path | dict, *, expect: dict | None = None) -> Report:
-    """Check a draft directory against vLLM's EAGLE-3 loader and the verifier's config.
+    """Check a draft directory against vLLM's EAGLE-3 loader and the verifier's config (a DFlash draft,
+    ``speculators_model_type: dflash``, against vLLM's DFlash loader: :func:`draftpipe.checks.compat.dflash.check_dflash`).
 
     Args:
         draft_dir: directory with ``config.json`` and ``model.safetensors`` (or a sharded index).
@@ -62,6 +64,10 @@ def _check_all(rep: Report, config: Any, tensors: dict, vcfg: Any, expect: dict)
     config = typed_config(rep, config)
     vcfg = typed_fields(rep, vcfg, "verifier.", VERIFIER_FIELDS)
     tensors = typed_tensors(rep, tensors)
+    if config.get("speculators_model_type") == "dflash":
+        rep.format = "speculators (dflash)"
+        check_dflash(rep, config, tensors, vcfg, expect)
+        return
     fmt = detect_format(config)
     rep.format = fmt
     if fmt is None:

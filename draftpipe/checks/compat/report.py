@@ -89,7 +89,7 @@ def render_markdown(rep: Report) -> str:
     verdict = "PASS" if rep.ok else "FAIL"
     c = d["counts"]
     lines = [
-        f"# EAGLE-3 compatibility report: {verdict}",
+        f"# {'DFlash' if 'dflash' in (rep.format or '') else 'EAGLE-3'} compatibility report: {verdict}",
         "",
         f"- draft: `{rep.draft}`",
         f"- verifier: `{rep.verifier}`",

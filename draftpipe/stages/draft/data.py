@@ -84,16 +84,21 @@ def loader_workers(on_gpu: bool, cpus: int, streamed: bool = False, asked: int |
 
 
 def packed_loader(ds, s, hidden_size: int, aux_layers: int, rank_of: tuple[int, int], *, workers: int = 0,
-                  pin_memory: bool = False):  # fmt: skip
+                  pin_memory: bool = False, shift: bool = True):  # fmt: skip
     """The DataLoader of a training rank: ``[1, s.total_seq_len]`` packed batches of ``ds`` (speculators'
-    ``CollateFn`` and ``shift_batch``; states ``[1, T, aux_layers * hidden_size]`` in ``ds.hidden_states_dtype``),
+    ``CollateFn``, with EAGLE-3's ``shift_batch`` when ``shift``: DFlash reads the batch unshifted, as speculators'
+    CLI gives it; states ``[1, T, aux_layers * hidden_size]`` in ``ds.hidden_states_dtype``),
     the batches of each step from :class:`draftpipe.stages.draft.ranks.StepBatchSampler` (speculators' multipack
     packing, ``s.batches_per_step`` per step shared by the ranks; ``rank_of`` = ``(rank, world size)``). The order
     is the sampler's, drawn in this process: ``workers`` processes (:func:`loader_workers`, kept from epoch to
     epoch) change when a batch is read, never which."""
     sampler = StepBatchSampler(ds.approx_lengths, s.total_seq_len, s.batches_per_step, *rank_of, s.seed)
     collate = CollateFn(
-        s.total_seq_len, hidden_size, num_target_layers=aux_layers, dtype=ds.hidden_states_dtype, preprocess=shift_batch
+        s.total_seq_len,
+        hidden_size,
+        num_target_layers=aux_layers,
+        dtype=ds.hidden_states_dtype,
+        preprocess=shift_batch if shift else None,
     )
     return DataLoader(ds, batch_sampler=sampler, num_workers=workers, persistent_workers=workers > 0,
                       pin_memory=pin_memory, collate_fn=collate)  # fmt: skip

@@ -11,14 +11,22 @@ from draftpipe.core.io import atomic_path, write_json
 
 
 def finalize_config(config: dict, aux_ids: list[int], verifier: str) -> dict:
-    """Write the aux ids where each vLLM runner reads them and record the verifier in the speculators config.
+    """Record the verifier in the speculators config and, for an EAGLE-3 draft, write the aux ids where each vLLM
+    runner reads them:
 
     - top-level ``eagle_aux_hidden_state_layer_ids``: copied by vLLM's ``update_eagle3`` and read by the V1 runner
       (``gpu_model_runner.py``) and the V2 runner (``eagle3_utils.py``) to choose the captured layers;
     - ``transformer_layer_config.eagle_config.eagle_aux_hidden_state_layer_ids``: read by ``Eagle3LlamaForCausalLM``
       for the ``fc`` width (otherwise 3, vLLM issue #54526).
+
+    A DFlash draft (``speculators_model_type: dflash``) already holds them where vLLM's ``update_dflash`` reads
+    them (``aux_hidden_state_layer_ids``, the ids the hidden states were extracted at): only the verifier is
+    recorded.
     """
     config = json.loads(json.dumps(config))
+    if config.get("speculators_model_type") == "dflash":
+        config.setdefault("speculators_config", {}).setdefault("verifier", {})["name_or_path"] = verifier
+        return config
     config["eagle_aux_hidden_state_layer_ids"] = list(aux_ids)
     layer = config.setdefault("transformer_layer_config", {})
     eagle = dict(layer.get("eagle_config") or {})

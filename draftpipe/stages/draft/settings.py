@@ -1,9 +1,25 @@
-"""The draft stage's settings: every knob of the ``draft`` section, typed (:class:`DraftSettings`)."""
+"""The draft stage's settings: every knob of the ``draft`` section, typed (:class:`DraftSettings`, with DFlash's own
+in :class:`DFlashSettings`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+#: the draft methods: vLLM's ``speculative_config.method`` and speculators' ``speculators_model_type``
+METHODS = ("eagle3", "dflash")
+
+
+@dataclass
+class DFlashSettings:
+    """``draft.dflash``: DFlash's own knobs (speculators' ``DFlashDraftModel``; defaults are the schema's)."""
+
+    #: slots of a draft block: the anchor and ``block_size - 1`` proposed tokens
+    block_size: int = 8
+    #: the token id of the slots still to predict (None: ``speculators.train.utils.resolve_mask_token_id``)
+    mask_token_id: int | None = None
+    #: anchor blocks drawn per packed batch
+    max_anchors: int = 512
 
 
 @dataclass
@@ -35,6 +51,9 @@ class DraftSettings:
     #: packed batches of ``total_seq_len`` tokens per optimizer step (the global batch; the ranks share them, so
     #: their number must divide it): see :mod:`draftpipe.stages.draft.ranks`
     batches_per_step: int = 1
+    #: ``eagle3`` or ``dflash`` (:data:`METHODS`)
+    method: str = "eagle3"
+    dflash: DFlashSettings = field(default_factory=DFlashSettings)
     #: the epoch exported: ``last`` or ``best_val`` (lowest validation loss):
     #: :func:`draftpipe.stages.draft.checkpoint.selected_checkpoint`
     select: str = "last"
@@ -46,6 +65,8 @@ class DraftSettings:
 
     def __post_init__(self):
         self.loggers = tuple(self.loggers)  # the config's list
+        if isinstance(self.dflash, dict):  # the config's mapping (params, a rank's launch spec)
+            self.dflash = DFlashSettings(**self.dflash)
 
 
 def settings_from_params(params: dict[str, Any]) -> DraftSettings:

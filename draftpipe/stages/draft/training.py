@@ -54,28 +54,56 @@ from draftpipe.stages.draft.warm_start import init_from_verifier, source_layer
 def build_draft(
     verifier_dir: str, aux_ids: list[int], d2t, t2d, draft_vocab_size: int, s: DraftSettings, attn_impl: str
 ):
-    """Build an untrained ``Eagle3DraftModel`` for the verifier (speculators' ``from_training_args``), started from
-    the verifier's weights when ``s.init`` is ``verifier`` (:func:`draftpipe.stages.draft.warm_start.init_from_verifier`).
+    """Build an untrained draft of ``s.method`` for the verifier with the decoder config that speculators' training
+    CLI builds (``create_transformer_layer_config``), optionally with another ``head_dim``:
+
+    - ``eagle3``: ``Eagle3DraftModel.from_training_args`` (Llama decoder layers), started from the verifier's
+      weights when ``s.init`` is ``verifier`` (:func:`draftpipe.stages.draft.warm_start.init_from_verifier`);
+    - ``dflash``: ``DFlashDraftModel.from_training_args`` (speculators' Qwen3 DFlash layers, the CLI's
+      ``draft_arch`` for DFlash), ``s.dflash.block_size``, the mask token ``s.dflash.mask_token_id`` or speculators'
+      choice (``resolve_mask_token_id``), full attention with ``sliding_window_non_causal`` set, so that vLLM serves
+      the layers without a causal mask within the block, as speculators trains full-attention layers
+      (``create_anchor_block_mask_mod``: "Always use non_causal for full attn"; vLLM's ``update_dflash`` sets
+      ``dflash_config.causal = not sliding_window_non_causal``).
 
     Raises:
         ValueError: from speculators when the aux ids, head_dim or vocab maps do not fit the verifier; naming
         ``draft.init`` when the verifier's layer cannot start the draft.
     """
     import torch
-    from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.train.cli import create_transformer_layer_config
 
     torch.manual_seed(s.seed)
+    dflash = s.method == "dflash"
     layer_cfg = create_transformer_layer_config(
         verifier_name_or_path=verifier_dir,
         num_layers=s.num_layers,
-        draft_arch="llama",
+        draft_arch="qwen3" if dflash else "llama",
         hidden_act=None,
         sliding_window=s.sliding_window or 0,
         full_attention_indices=[] if s.sliding_window else list(range(s.num_layers)),
     )
     if s.head_dim:
         layer_cfg.head_dim = s.head_dim
+    if dflash:
+        from speculators.models.dflash import DFlashDraftModel
+        from speculators.train.utils import resolve_mask_token_id
+
+        mask = resolve_mask_token_id(verifier_dir, layer_cfg.vocab_size, s.dflash.mask_token_id)
+        return DFlashDraftModel.from_training_args(
+            verifier_config=layer_cfg,
+            t2d=t2d,
+            d2t=d2t,
+            target_layer_ids=list(aux_ids),
+            verifier_name_or_path=verifier_dir,
+            draft_attn_impl=attn_impl,
+            draft_vocab_size=draft_vocab_size,
+            block_size=s.dflash.block_size,
+            mask_token_id=mask,
+            sliding_window_non_causal=True,
+        )
+    from speculators.models.eagle3 import Eagle3DraftModel
+
     model = Eagle3DraftModel.from_training_args(
         verifier_config=layer_cfg,
         t2d=t2d,
@@ -94,14 +122,26 @@ def build_draft(
     return model
 
 
-def attention_implementation(on_gpu: bool) -> str:
+def call_kwargs(s: DraftSettings, loss_config) -> dict:
+    """The keyword arguments of the draft's ``forward`` in training and validation: EAGLE-3's TTT steps and their
+    loss decay, or DFlash's anchors per batch (``s.dflash.max_anchors``) with speculators' defaults for the rest
+    (``DFlashDraftModel.get_trainer_kwargs``: loss decay over the block ``gamma`` 4, ``fixed-exp-decay``); the
+    loss (``loss_config``: :func:`draftpipe.stages.draft.loss.training_loss`) for both."""
+    if s.method == "dflash":
+        return {"loss_config": loss_config, "gamma": 4.0, "max_anchors": s.dflash.max_anchors,
+                "per_position_loss_weight": "fixed-exp-decay", "dpace_alpha": 0.5}  # fmt: skip
+    return {"ttt_steps": s.ttt_steps, "ttt_step_loss_decay": s.ttt_step_loss_decay, "loss_config": loss_config}
+
+
+def attention_implementation(on_gpu: bool, method: str = "eagle3") -> str:
     """The draft's ``attn_implementation`` in training: speculators' ``simple_flex_attention`` on an accelerator
-    (its block mask skips the masked blocks), :mod:`draftpipe.stages.draft.attention`'s packed TTT attention on a CPU (the same
-    values as ``sdpa`` over only the columns that attend: a training step on 2 CPU cores about 3x faster, see
-    ``benchmarks/draft_step.py``)."""
+    (its block mask skips the masked blocks); on a CPU, for EAGLE-3, :mod:`draftpipe.stages.draft.attention`'s
+    packed TTT attention (the same values as ``sdpa`` over only the columns that attend: a training step on 2 CPU
+    cores about 3x faster, see ``benchmarks/draft_step.py``), for DFlash ``sdpa`` (speculators' dense mask of the
+    anchor blocks)."""
     if on_gpu:
         return "simple_flex_attention"
-    return attention.register()
+    return attention.register() if method == "eagle3" else "sdpa"
 
 
 def train_draft(
@@ -270,7 +310,7 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
     if spool is not None:
         spool.start()  # the engine loads while the draft is built
     d2t, t2d, vd = read_maps(vocab_maps)
-    attn = attention_implementation(on_gpu)
+    attn = attention_implementation(on_gpu, s.method)
     model = build_draft(verifier_dir, aux_ids, d2t, t2d, vd, s, attn)
     hidden_size = model.config.transformer_layer_config.hidden_size
     rank, size = current_rank(), world_size()
@@ -286,14 +326,10 @@ def _train_here(verifier_dir, shards, vocab_maps, work_dir, s: DraftSettings, ch
         if workers:
             print(f"draft data: {workers} loader worker process(es) per rank read the batches ahead", flush=True)
 
-    kw = {"workers": workers, "pin_memory": on_gpu}
+    kw = {"workers": workers, "pin_memory": on_gpu, "shift": s.method == "eagle3"}
     train_loader = packed_loader(train_ds, s, hidden_size, len(aux_ids), (rank, size), **kw)
     val_loader = packed_loader(val_ds, s, hidden_size, len(aux_ids), (rank, size), **kw) if len(val_ds) else None
-    call_kw = {
-        "ttt_steps": s.ttt_steps,
-        "ttt_step_loss_decay": s.ttt_step_loss_decay,
-        "loss_config": loss.config,
-    }
+    call_kw = call_kwargs(s, loss.config)
     cfg = TrainerConfig(
         lr=s.lr,
         num_epochs=s.epochs,
