@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from draftpipe.checks.compat.live import proposed_tokens
 from draftpipe.checks.spec_decode import acceptance_from_counters, snapshot
 from draftpipe.core.io import atomic_path
 from draftpipe.inference.engine import engine_in_process, engine_kwargs, speculative_config
@@ -87,6 +88,65 @@ def training_accuracies(metrics_csv: str) -> tuple[list[float], str]:
         if cols and not any(pd.isna(last[c]) for c in cols):
             return [float(last[c]) for c in cols], src
     return [], "none"
+
+
+def training_eal(metrics_csv: str) -> tuple[float, str] | None:
+    """A DFlash draft's expected accepted length at its exported epoch from ``metrics.csv`` (``val_eal``, else
+    ``train_eal``: speculators' ``compute_accepted_length_counts``, one plus the leading run of right tokens of a
+    block, vLLM's convention) and its source (``val`` or ``train``); None when the metrics have none (EAGLE-3)."""
+    import pandas as pd
+
+    frame = pd.read_csv(metrics_csv)
+    row, _ = exported_row(frame.to_dict("records"))
+    for src in ("val", "train"):
+        value = row.get(f"{src}_eal")
+        if value is not None and not pd.isna(value):
+            return float(value), src
+    return None
+
+
+def training_prediction(metrics_csv: str, results: list[dict], block_tokens: int | None = None) -> dict | None:
+    """The draft's training-time prediction of the acceptance length vLLM measured, per benchmark row
+    (``results``: :func:`compare_rows`'s), or None when the metrics predict nothing.
+
+    EAGLE-3: ``1 + sum`` of the exported epoch's full accuracies up to k (:func:`training_accuracies`,
+    :func:`predicted_acceptance_length`), every k. DFlash: the exported epoch's expected accepted length
+    (:func:`training_eal`) for the rows at ``block_tokens`` (the block's proposed tokens: a block trained without a
+    causal mask drafts other tokens with fewer slots, so other k get no prediction).
+
+    Returns:
+        ``source`` (``val`` or ``train``), ``exported`` (:func:`exported_epoch_line`), ``rows`` (setting,
+        predicted, measured, gap) and ``full_accuracy_per_position`` (EAGLE-3) or ``expected_accepted_length`` and
+        ``block_tokens`` (DFlash).
+    """
+    acc, source = training_accuracies(metrics_csv)
+    eal = None if acc else training_eal(metrics_csv)
+    if not acc and (eal is None or block_tokens is None):
+        return None
+    rows = []
+    for r in results:
+        k = r["num_speculative_tokens"]
+        if not acc and k != block_tokens:
+            continue
+        predicted = predicted_acceptance_length(acc, k) if acc else eal[0]
+        rows.append(
+            {
+                "prompt_set": r["prompt_set"],
+                "num_speculative_tokens": k,
+                "temperature": r["temperature"],
+                "batch_size": r["batch_size"],
+                "predicted_acceptance_length": predicted,
+                "measured_acceptance_length": r["acceptance_length"],
+                "gap": r["acceptance_length"] - predicted,
+                "positions_predicted": min(len(acc), k) if acc else k,
+            }
+        )
+    what = (
+        {"full_accuracy_per_position": acc}
+        if acc
+        else {"expected_accepted_length": eal[0], "block_tokens": block_tokens}
+    )
+    return {**what, "source": source if acc else eal[1], "exported": exported_epoch_line(metrics_csv), "rows": rows}
 
 
 def exported_epoch_line(metrics_csv: str) -> str:
@@ -367,29 +427,9 @@ def benchmark(
         },
         "results": results,
     }
-    acc, source = training_accuracies(metrics_csv) if metrics_csv else ([], "none")
-    if acc:  # EAGLE-3's full accuracy per TTT step (a DFlash draft's metrics have none)
-        pred = []
-        for r in results:
-            p = predicted_acceptance_length(acc, r["num_speculative_tokens"])
-            pred.append(
-                {
-                    "prompt_set": r["prompt_set"],
-                    "num_speculative_tokens": r["num_speculative_tokens"],
-                    "temperature": r["temperature"],
-                    "batch_size": r["batch_size"],
-                    "predicted_acceptance_length": p,
-                    "measured_acceptance_length": r["acceptance_length"],
-                    "gap": r["acceptance_length"] - p,
-                    "positions_predicted": min(len(acc), r["num_speculative_tokens"]),
-                }
-            )
-        summary["training_prediction"] = {
-            "full_accuracy_per_position": acc,
-            "source": source,
-            "exported": exported_epoch_line(metrics_csv),
-            "rows": pred,
-        }
+    prediction = training_prediction(metrics_csv, results, proposed_tokens(draft)) if metrics_csv else None
+    if prediction:
+        summary["training_prediction"] = prediction
     return summary, table
 
 
@@ -528,8 +568,13 @@ def render_report(summary: dict, *, title: str, plots: dict[str, str], digits: i
             "",
             "## Training prediction against served acceptance",
             "",
-            f"Per-position full accuracy of the exported epoch ({tp['source']}): "
-            f"{', '.join(f(x) for x in tp['full_accuracy_per_position'])}."
+            (
+                f"Expected accepted length of the exported epoch ({tp['source']}), a DFlash block proposing "
+                f"{tp['block_tokens']} token(s): {f(tp['expected_accepted_length'])}."
+                if "expected_accepted_length" in tp
+                else f"Per-position full accuracy of the exported epoch ({tp['source']}): "
+                f"{', '.join(f(x) for x in tp['full_accuracy_per_position'])}."
+            )
             + (f" The draft {tp['exported']}." if tp.get("exported") else ""),
             "",
             "| prompt set | k | T | batch | predicted | measured in vLLM | gap |",

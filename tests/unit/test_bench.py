@@ -15,6 +15,7 @@ from draftpipe.bench.benchmark import (
     speedup,
     tpot_ms,
     training_accuracies,
+    training_prediction,
 )
 
 
@@ -89,6 +90,31 @@ def row(k, tokens, wall, requests, **counters):
     }
     base.update(counters)
     return base
+
+
+def test_the_training_prediction_of_each_method(tmp_path):
+    f = tmp_path / "m.csv"
+    result = {"prompt_set": "eval", "temperature": 0.0, "batch_size": 8}
+    results = [{**result, "num_speculative_tokens": 1, "acceptance_length": 1.2},
+               {**result, "num_speculative_tokens": 3, "acceptance_length": 1.3}]  # fmt: skip
+    # EAGLE-3: 1 + the exported epoch's full accuracies up to k, every k
+    pd.DataFrame([{"epoch": 0, "val_full_acc_0": 0.3, "val_full_acc_1": 0.1, "val_full_acc_2": 0.05}]).to_csv(f)
+    eagle = training_prediction(str(f), results)
+    assert [r["predicted_acceptance_length"] for r in eagle["rows"]] == pytest.approx([1.3, 1.45])
+    assert eagle["full_accuracy_per_position"] == [0.3, 0.1, 0.05] and eagle["source"] == "val"
+    # DFlash: the exported epoch's expected accepted length, at the block's tokens only
+    pd.DataFrame([{"epoch": 0, "val_position_1_acc": 0.3, "val_eal": 1.25, "train_eal": 1.4}]).to_csv(f)
+    dflash = training_prediction(str(f), results, block_tokens=3)
+    assert dflash["expected_accepted_length"] == 1.25 and dflash["source"] == "val"
+    assert [(r["num_speculative_tokens"], r["gap"]) for r in dflash["rows"]] == [(3, pytest.approx(0.05))]
+    summary = {"verifier": "v", "draft": "d", "environment": {"vllm": "0.32.0", "cpu_count": 2},
+               "settings": {"max_tokens": 64}, "results": [], "training_prediction": dflash}  # fmt: skip
+    md = render_report(summary, title="T", plots={})
+    assert "Expected accepted length of the exported epoch (val), a DFlash block proposing 3 token(s): 1.250." in md
+    assert "| eval | 3 | 0.0 | 8 | 1.250 | 1.300 | 0.050 |" in md
+    assert training_prediction(str(f), results) is None  # no block known: nothing to predict
+    pd.DataFrame([{"epoch": 0, "val_loss": 2.0}]).to_csv(f)
+    assert training_prediction(str(f), results, block_tokens=3) is None
 
 
 def test_compare_rows_speedup_and_identity():
