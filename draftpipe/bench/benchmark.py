@@ -26,10 +26,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from draftpipe.checks.compat.live import proposed_tokens
 from draftpipe.checks.spec_decode import acceptance_from_counters, snapshot
 from draftpipe.core.io import atomic_path
-from draftpipe.inference.engine import engine_in_process, engine_kwargs, speculative_config
+from draftpipe.inference.engine import engine_in_process, engine_kwargs, proposed_tokens, speculative_config
 from draftpipe.stages.draft.metrics import exported_row, selection_line
 
 

@@ -235,22 +235,45 @@ def open_engine(
 SPECULATIVE_METHODS = {"eagle3": "eagle3", "dflash": "dflash"}
 
 
+def _draft_config(draft: str) -> dict:
+    """A draft directory's ``config.json``; ``{}`` when it cannot be read as a JSON object."""
+    try:
+        config = json.loads((Path(draft) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def speculative_config(draft: str, num_speculative_tokens: int) -> dict:
     """vLLM's ``speculative_config`` for a speculators-format draft directory: the method from its ``config.json``
     (``speculators_model_type``: ``eagle3`` or ``dflash``; an unreadable config or no type: ``eagle3``), the
-    directory and ``num_speculative_tokens`` (a DFlash draft proposes up to ``block_size - 1`` tokens per step).
+    directory and ``num_speculative_tokens`` (a DFlash draft proposes up to ``block_size - 1`` tokens per step:
+    :func:`proposed_tokens`).
 
     Raises:
         ValueError: a ``speculators_model_type`` vLLM is not asked to serve here, naming the file.
     """
-    path = Path(draft) / "config.json"
-    try:
-        kind = json.loads(path.read_text()).get("speculators_model_type") or "eagle3"
-    except (OSError, ValueError, AttributeError):
-        kind = "eagle3"
+    kind = _draft_config(draft).get("speculators_model_type") or "eagle3"
     if kind not in SPECULATIVE_METHODS:
-        raise ValueError(f"{path}: speculators_model_type {kind!r} is not one of {', '.join(SPECULATIVE_METHODS)}")
+        raise ValueError(
+            f"{Path(draft) / 'config.json'}: speculators_model_type {kind!r} is not one of "
+            f"{', '.join(SPECULATIVE_METHODS)}"
+        )
     return {"method": SPECULATIVE_METHODS[kind], "model": draft, "num_speculative_tokens": num_speculative_tokens}
+
+
+def proposed_tokens(draft: str) -> int | None:
+    """The tokens a DFlash draft proposes per step (its speculators config's ``speculative_tokens``:
+    ``block_size - 1``), the number of speculative tokens it is served with; None for an EAGLE-3 draft or an
+    unreadable config."""
+    config = _draft_config(draft)
+    if config.get("speculators_model_type") != "dflash":
+        return None
+    try:
+        tokens = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 1 else None
 
 
 def speculative_dtype(dtype: str) -> str:

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from draftpipe.checks.compat.checker import check
-from draftpipe.checks.compat.live import proposed_tokens
-from draftpipe.inference.engine import speculative_config
+from draftpipe.inference.engine import proposed_tokens, speculative_config
 from draftpipe.stages.draft.export import finalize_config
 from draftpipe.stages.draft.settings import DFlashSettings, DraftSettings
 

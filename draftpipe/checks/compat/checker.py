@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from draftpipe.checks.compat.dflash import check_dflash
+from draftpipe.checks.compat.dflash import check_dflash, check_model_type
 from draftpipe.checks.compat.effective import QWEN3_EAGLE3, REGISTERED_EAGLE3, detect_format, effective, model_config
 from draftpipe.checks.compat.fields import SHAPE_FIELDS, VERIFIER_FIELDS, typed_config, typed_fields, typed_tensors
 from draftpipe.checks.compat.reading import load_checkpoint, verifier_text_config
@@ -109,17 +109,7 @@ def _check_all(rep: Report, config: Any, tensors: dict, vcfg: Any, expect: dict)
 
 def _check_format(rep: Report, config: dict, fmt: str) -> None:
     if fmt == "speculators":
-        if "model_type" in config:
-            rep.add(
-                "format.model_type_top_level",
-                "error",
-                "model_type",
-                "a top-level model_type hides the "
-                "speculators config from vLLM (it detects the format only when model_type is absent)",
-                expected=None,
-                found=config["model_type"],
-                fix="remove the top-level model_type",
-            )
+        check_model_type(rep, config)
         if config.get("speculators_model_type") != "eagle3":
             rep.add(
                 "format.speculators_model_type",

@@ -34,6 +34,21 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def check_model_type(rep: Report, config: dict) -> None:
+    """A speculators config (EAGLE-3 or DFlash) must not have a top-level ``model_type``: vLLM detects the
+    speculators format only when it is absent."""
+    if "model_type" in config:
+        rep.add(
+            "format.model_type_top_level",
+            "error",
+            "model_type",
+            "a top-level model_type hides the speculators config from vLLM (it detects the format only when "
+            "model_type is absent)",
+            found=config["model_type"],
+            fix="remove the top-level model_type",
+        )
+
+
 def check_dflash(rep: Report, config: dict, tensors: dict, vcfg: dict, expect: dict) -> None:
     """Add the findings of a DFlash draft: the fields ``update_dflash`` requires, the aux layer ids and the width
     of ``fc``, the causality vLLM serves against the one speculators trained, the block's proposed tokens, the
@@ -48,16 +63,7 @@ def check_dflash(rep: Report, config: dict, tensors: dict, vcfg: dict, expect: d
         expect: values the build asked for.
     """
     rep.add("format.detected", "info", "config.json", "speculators format, DFlash draft", found="dflash")
-    if "model_type" in config:
-        rep.add(
-            "format.model_type_top_level",
-            "error",
-            "model_type",
-            "a top-level model_type hides the speculators config from vLLM (it detects the format only when "
-            "model_type is absent)",
-            found=config["model_type"],
-            fix="remove the top-level model_type",
-        )
+    check_model_type(rep, config)
     _check_mask(rep, config, vcfg.get("vocab_size"))
     _check_aux(rep, config, tensors, vcfg, expect)
     _check_causality(rep, config)

@@ -8,21 +8,7 @@ from pathlib import Path
 
 from draftpipe.checks.compat.report import Report
 from draftpipe.core.layout import SOURCE_ROOT
-from draftpipe.inference.engine import amx_mla_problem, cpu_mla_backend, is_cpu_build
-
-
-def proposed_tokens(draft_dir: str) -> int | None:
-    """The tokens a DFlash draft proposes per step (its speculators config's ``speculative_tokens``:
-    ``block_size - 1``), the number of speculative tokens it is served with; None for an EAGLE-3 draft (checked
-    at 3) or an unreadable config."""
-    try:
-        config = json.loads((Path(draft_dir) / "config.json").read_text())
-        if config.get("speculators_model_type") != "dflash":
-            return None
-        tokens = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return None
-    return tokens if isinstance(tokens, int) and tokens >= 1 else None
+from draftpipe.inference.engine import amx_mla_problem, cpu_mla_backend, is_cpu_build, proposed_tokens
 
 
 def live_check(
@@ -35,7 +21,7 @@ def live_check(
     dtype: str = "float32",
 ) -> dict:
     """Load the draft with the verifier in vLLM (3 speculative tokens; a DFlash draft its block's,
-    :func:`proposed_tokens`), generate at temperature 0 with and without it, and return
+    :func:`draftpipe.inference.engine.proposed_tokens`), generate at temperature 0 with and without it, and return
     identity and acceptance (see :func:`draftpipe.checks.spec_decode.compare`). Runs ``python -m draftpipe.checks.spec_decode``
     in a subprocess, since vLLM's CPU engine spawns workers.
 

@@ -85,33 +85,21 @@ def build_draft(
     )
     if s.head_dim:
         layer_cfg.head_dim = s.head_dim
+    common = {"verifier_config": layer_cfg, "t2d": t2d, "d2t": d2t, "target_layer_ids": list(aux_ids),
+              "verifier_name_or_path": verifier_dir, "draft_attn_impl": attn_impl,
+              "draft_vocab_size": draft_vocab_size}  # fmt: skip
     if dflash:
         from speculators.models.dflash import DFlashDraftModel
         from speculators.train.utils import resolve_mask_token_id
 
         mask = resolve_mask_token_id(verifier_dir, layer_cfg.vocab_size, s.dflash.mask_token_id)
         return DFlashDraftModel.from_training_args(
-            verifier_config=layer_cfg,
-            t2d=t2d,
-            d2t=d2t,
-            target_layer_ids=list(aux_ids),
-            verifier_name_or_path=verifier_dir,
-            draft_attn_impl=attn_impl,
-            draft_vocab_size=draft_vocab_size,
-            block_size=s.dflash.block_size,
-            mask_token_id=mask,
-            sliding_window_non_causal=True,
+            **common, block_size=s.dflash.block_size, mask_token_id=mask, sliding_window_non_causal=True
         )
     from speculators.models.eagle3 import Eagle3DraftModel
 
     model = Eagle3DraftModel.from_training_args(
-        verifier_config=layer_cfg,
-        t2d=t2d,
-        d2t=d2t,
-        target_layer_ids=list(aux_ids),
-        verifier_name_or_path=verifier_dir,
-        draft_attn_impl=attn_impl,
-        draft_vocab_size=draft_vocab_size,
+        **common,
         norm_before_residual=s.norm_before_residual,
         norm_before_fc=s.norm_before_fc,
         norm_output=s.norm_output,
